@@ -1,0 +1,112 @@
+"""Export a sentence-transformers BERT-family encoder to ONNX and TorchScript, checked against PyTorch.
+
+    python build/export_text_encoder.py MODEL_DIR OUT_DIR [--opset 17]
+
+Both artifacts take input_ids, attention_mask[, token_type_ids] (INT64 [batch, seq]) and return
+token_embeddings (FP32 [batch, seq, hidden]); batch and sequence axes are dynamic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+MAX_ABS_DIFF = 1e-4  # on real (unpadded) tokens, against the PyTorch forward
+CHECK_TEXTS = [
+    "",
+    "A short one.",
+    "Mixed lengths make padding matter: this sentence is quite a bit longer than the others in the batch.",
+    "Ünïcödé, emoji 🚀 and 中文 too.",
+]
+
+
+def _load(model_dir: Path):
+    import torch
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(model_dir), local_files_only=True, attn_implementation="eager").eval()
+
+    class TokenEmbeddings(torch.nn.Module):
+        def __init__(self, encoder):
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
+            kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
+            return self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+
+    return TokenEmbeddings(model).eval()
+
+
+def _check_inputs(model_dir: Path, input_names: list[str], max_length: int) -> dict[str, np.ndarray]:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tokenizer.enable_truncation(max_length)
+    tokenizer.enable_padding(pad_id=0)
+    encodings = tokenizer.encode_batch(CHECK_TEXTS)
+    arrays = {"input_ids": [e.ids for e in encodings], "attention_mask": [e.attention_mask for e in encodings],
+              "token_type_ids": [e.type_ids for e in encodings]}
+    return {n: np.array(arrays[n], dtype=np.int64) for n in input_names}
+
+
+def max_diff_on_real_tokens(expected: np.ndarray, actual: np.ndarray, mask: np.ndarray) -> float:
+    real = mask.astype(bool)
+    return float(np.abs(expected[real] - actual[real]).max())
+
+
+def export(model_dir: Path, out_dir: Path, input_names: list[str], max_length: int,
+           opset: int = 17) -> dict[str, Path]:
+    """Write `model.onnx` and `model.pt` into out_dir; raises if either differs from PyTorch."""
+    import onnxruntime as ort
+    import torch
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    module = _load(model_dir)
+    inputs = _check_inputs(model_dir, input_names, max_length)
+    tensors = tuple(torch.from_numpy(inputs[n]) for n in input_names)
+    with torch.inference_mode():
+        expected = module(*tensors).numpy()
+
+    onnx_path = out_dir / "model.onnx"
+    axes = {n: {0: "batch", 1: "sequence"} for n in input_names}
+    axes["token_embeddings"] = {0: "batch", 1: "sequence"}
+    torch.onnx.export(module, tensors, str(onnx_path), input_names=input_names, output_names=["token_embeddings"],
+                      dynamic_axes=axes, opset_version=opset, dynamo=False)
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    onnx_diff = max_diff_on_real_tokens(expected, session.run(None, inputs)[0], inputs["attention_mask"])
+
+    pt_path = out_dir / "model.pt"
+    with torch.no_grad():
+        traced = torch.jit.trace(module, tensors, strict=False)
+    traced.save(str(pt_path))
+    with torch.inference_mode():
+        pt_diff = max_diff_on_real_tokens(expected, torch.jit.load(str(pt_path))(*tensors).numpy(),
+                                          inputs["attention_mask"])
+    for name, diff in (("ONNX", onnx_diff), ("TorchScript", pt_diff)):
+        if not diff <= MAX_ABS_DIFF:
+            raise RuntimeError(f"{name} export of {model_dir} differs from PyTorch by {diff:.2e} > {MAX_ABS_DIFF}")
+    print(f"exported {model_dir.name}: ONNX max abs diff {onnx_diff:.1e}, TorchScript {pt_diff:.1e}")
+    return {"onnx": onnx_path, "torchscript": pt_path}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--opset", type=int, default=17)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from ensembles.text import SentenceTransformerSource
+
+    source = SentenceTransformerSource.load(args.model_dir)
+    export(source.path, args.out_dir, [t.name for t in source.encoder_inputs()], source.max_seq_length,
+           args.opset)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

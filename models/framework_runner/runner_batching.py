@@ -1,0 +1,55 @@
+"""The part of a framework runner model (ONNX Runtime, TorchScript, TensorFlow) that is not the framework.
+
+A runner model executes a real artifact with its Python library behind the exact tensor contract the native
+backend would have. Inputs marked `allow_ragged_batch` carry a sequence axis that may differ between
+requests: they are padded to the longest, and outputs whose first dim is -1 are trimmed back per request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from batched_requests import pad_and_concat, read_input, respond_all, split_rows
+
+PAD_VALUES = {"attention_mask": 0}
+
+
+class FrameworkRunnerModel:
+    """Subclasses set `pb_utils` and `open_session(path, params)` → callable(dict[name, array]) → dict."""
+
+    pb_utils = None
+
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.input_names = [i["name"] for i in config["input"]]
+        self.ragged = any(i.get("allow_ragged_batch") for i in config["input"])
+        self.output_names = [o["name"] for o in config["output"]]
+        self.trimmed_outputs = {o["name"] for o in config["output"] if self.ragged and int(o["dims"][0]) == -1}
+        path = os.path.join(args["model_repository"], args["model_version"], params["artifact"])
+        self.session = self.open_session(path, params)
+
+    def execute(self, requests):
+        pb = self.pb_utils
+        return respond_all(pb, requests, self._parse, self._run,
+                           lambda outputs: [pb.Tensor(n, outputs[n]) for n in self.output_names], pb.Logger)
+
+    def _parse(self, request):
+        return {name: read_input(self.pb_utils, request, name) for name in self.input_names}
+
+    def _run(self, items):
+        batch = {n: pad_and_concat([item[n] for item in items], PAD_VALUES.get(n, 0)) for n in self.input_names}
+        outputs = self.session(batch)
+        sizes = [len(item[self.input_names[0]]) for item in items]
+        lengths = [item[self.input_names[0]].shape[1] for item in items] if self.ragged else None
+        per_output = {
+            name: split_rows(np.asarray(outputs[name]), sizes, lengths if name in self.trimmed_outputs else None)
+            for name in self.output_names
+        }
+        return [{name: per_output[name][i] for name in self.output_names} for i in range(len(items))]
+
+    def open_session(self, path, params):
+        raise NotImplementedError

@@ -1,0 +1,28 @@
+"""Run a TorchScript file with torch, as Triton's pytorch_libtorch backend would (inputs in config order)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def open_session(path: str, params: dict[str, str]):
+    import torch
+
+    threads = int(params.get("threads", "0"))
+    if threads:
+        torch.set_num_threads(threads)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    module = torch.jit.load(path, map_location=device).eval()
+    input_names = params["input_order"].split(",")
+    output_names = params["output_order"].split(",")
+
+    def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with torch.inference_mode():
+            result = module(*(torch.from_numpy(np.ascontiguousarray(inputs[n])).to(device) for n in input_names))
+        if isinstance(result, dict):
+            result = tuple(result.values())
+        if not isinstance(result, (tuple, list)):
+            result = (result,)
+        return {name: value.float().cpu().numpy() for name, value in zip(output_names, result)}
+
+    return run

@@ -1,0 +1,27 @@
+"""Triton adapter for `pooling`: token_embeddings + attention_mask → EMBEDDING."""
+
+import json
+
+import triton_python_backend_utils as pb_utils
+from batched_requests import pad_and_concat, read_input, respond_all, split_rows
+from pooling import mean_pool
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.normalize = params["normalize"] == "true"
+        self.output_name = config["output"][0]["name"]
+
+    def execute(self, requests):
+        return respond_all(pb_utils, requests, self._parse, self._pool,
+                           lambda e: [pb_utils.Tensor(self.output_name, e)], pb_utils.Logger)
+
+    def _parse(self, request):
+        return read_input(pb_utils, request, "token_embeddings"), read_input(pb_utils, request, "attention_mask")
+
+    def _pool(self, items):
+        embeddings = mean_pool(pad_and_concat([e for e, _ in items]), pad_and_concat([m for _, m in items]),
+                               self.normalize)
+        return split_rows(embeddings, [len(m) for _, m in items])

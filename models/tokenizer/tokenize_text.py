@@ -1,0 +1,57 @@
+"""Text → BERT-family token tensors with the `tokenizers` library (no transformers or torch)."""
+
+from __future__ import annotations
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from batched_requests import ClientError
+
+
+def decode_texts(array: np.ndarray, max_text_bytes: int) -> list[str]:
+    """A TYPE_STRING tensor [batch, 1] of bytes → str, rejecting bytes that are not UTF-8 or too long."""
+    texts = []
+    for value in array.reshape(-1):
+        raw = value if isinstance(value, bytes) else str(value).encode()
+        if len(raw) > max_text_bytes:
+            raise ClientError(f"TEXT element of {len(raw)} bytes exceeds the limit of {max_text_bytes}")
+        try:
+            texts.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ClientError(f"TEXT is not valid UTF-8 (byte {e.start})") from None
+    return texts
+
+
+class TextTokenizer:
+    """Truncates at `max_length` and pads to the longest text of each call, as sentence-transformers does."""
+
+    def __init__(self, tokenizer_file: str, max_length: int, pad_token: str, with_token_type_ids: bool):
+        self.tokenizer = Tokenizer.from_file(tokenizer_file)
+        pad_id = self.tokenizer.token_to_id(pad_token)
+        if pad_id is None:
+            raise ValueError(f"pad token {pad_token!r} is not in the vocabulary of {tokenizer_file}")
+        self.tokenizer.enable_truncation(max_length=max_length)
+        self.tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token)
+        self.with_token_type_ids = with_token_type_ids
+
+    def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
+        encodings = self.tokenizer.encode_batch(texts)
+        tensors = {
+            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+        }
+        if self.with_token_type_ids:
+            tensors["token_type_ids"] = np.array([e.type_ids for e in encodings], dtype=np.int64)
+        return tensors
+
+    def per_request(self, texts_per_request: list[list[str]]) -> list[dict[str, np.ndarray]]:
+        """Tokenize all requests in one call, then give each request its rows trimmed to its own longest."""
+        tensors = self([t for texts in texts_per_request for t in texts])
+        mask = tensors["attention_mask"]
+        results, start = [], 0
+        for texts in texts_per_request:
+            rows = slice(start, start + len(texts))
+            length = max(int(mask[rows].sum(axis=1).max(initial=0)), 1)
+            results.append({name: t[rows, :length] for name, t in tensors.items()})
+            start += len(texts)
+        return results

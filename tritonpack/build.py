@@ -1,0 +1,75 @@
+"""Build an ensemble for a target into `dist/<name>-<target>/` and `dist/<name>-<target>.tar.gz`."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import ensembles
+from tritonpack.components import TARGETS
+from tritonpack.repository import write_repository, write_tarball
+
+@dataclass(frozen=True)
+class BuildRequest:
+    name: str
+    target: str
+    model: str | None = None  # text ensembles: local sentence-transformers folder or hub id
+    weights: str | None = None  # image ensembles: local checkpoint
+    fp16: bool = False
+    dist: Path = Path("dist")
+
+    def __post_init__(self) -> None:
+        recipe = ensembles.recipe(self.name)
+        if self.target not in TARGETS:
+            raise ValueError(f"unknown target {self.target!r}; one of {', '.join(TARGETS)}")
+        if self.target not in recipe.TARGETS:
+            raise ValueError(f"{self.name} has no {self.target} target; it has {', '.join(recipe.TARGETS)}")
+
+    @property
+    def slug(self) -> str:
+        return f"{self.name}-{self.target}"
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    repository: Path
+    tarball: Path
+
+
+def default_target() -> tuple[str, str]:
+    """`gpu` where a CUDA GPU and TensorRT are both present, else `portable`; with the reason in one line."""
+    try:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        gpu = False
+    try:
+        import tensorrt  # noqa: F401
+
+        trt = True
+    except ImportError:
+        trt = False
+    if gpu and trt:
+        return "gpu", "TARGET=gpu (CUDA GPU and TensorRT found)"
+    missing = " and ".join(m for m, ok in (("a CUDA GPU", gpu), ("TensorRT", trt)) if not ok)
+    return "portable", f"TARGET=portable ({missing} not found; set TARGET=cpu|gpu to choose)"
+
+
+def build(request: BuildRequest) -> BuildResult:
+    recipe = ensembles.recipe(request.name)
+    dist = Path(request.dist)
+    folders = recipe.models(request, dist / "cache")
+    manifest = {
+        "ensemble": request.name,
+        "target": request.target,
+        "sagemaker_triton_default_model_name": request.name,
+        "build": {k: str(v) for k, v in asdict(request).items() if v not in (None, False) and k != "dist"},
+        "built_with_python": platform.python_version(),
+        "python_models": sorted(f.spec.name for f in folders if f.spec.backend == "python"),
+    }
+    repository = write_repository(folders, dist / request.slug, manifest)
+    tarball = write_tarball(repository, dist / f"{request.slug}.tar.gz")
+    return BuildResult(repository, tarball)
+

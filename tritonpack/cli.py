@@ -1,0 +1,148 @@
+"""`tritonpack` command line: build, serve, check, infer, mme, upload, deploy, bench."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+# Modules that add their own subcommand with `add_command(subparsers)`.
+COMMAND_MODULES: tuple[str, ...] = ()
+DEMO_TEXTS = ["tritonpack turns notebooks into Triton repositories.", "A second, unrelated sentence."]
+
+
+def cmd_build(args) -> int:
+    from tritonpack.build import BuildRequest, build, default_target
+
+    target = args.target
+    if not target:
+        target, reason = default_target()
+        print(reason, file=sys.stderr)
+    result = build(BuildRequest(args.name, target, model=args.model, weights=args.weights, fp16=args.fp16,
+                                dist=Path(args.dist)))
+    print(f"repository: {result.repository}\ntarball:    {result.tarball}", flush=True)
+    if args.smoke:
+        args.repository, args.http_port, args.grpc_port, args.metrics_port = result.repository, 0, 0, 0
+        return cmd_serve(args)
+    return 0
+
+
+def repository_entry(repo: Path) -> tuple[str, str]:
+    """(ensemble name, its first input name) of a built repository."""
+    from tritonpack.spec import parse_config
+
+    for config in sorted(Path(repo).glob("*/config.pbtxt")):
+        cfg = parse_config(config.read_text())
+        if cfg.platform == "ensemble":
+            return cfg.name, cfg.input[0].name
+    raise SystemExit(f"{repo}: no ensemble found (a folder whose config.pbtxt says platform: \"ensemble\")")
+
+
+def demo_request(url: str, repo: Path) -> None:
+    ensemble, input_name = repository_entry(repo)
+    if input_name == "TEXT":
+        from tritonpack.client import embed
+
+        vectors = embed(url, ensemble, DEMO_TEXTS)
+        for text, vector in zip(DEMO_TEXTS, vectors):
+            print(f"{ensemble}: {text!r} → EMBEDDING {vector.shape} [{', '.join(f'{v:.4f}' for v in vector[:4])}, …]")
+        print(f"cosine(first, second) = {float(vectors[0] @ vectors[1]):.4f}")
+    else:
+        from tritonpack.client import classify, sample_image
+
+        for label in classify(url, ensemble, [sample_image()], class_count=3)[0]:
+            print(f"{ensemble}: sample image → {label}")
+
+
+def cmd_serve(args) -> int:
+    from tritonpack.server import TritonServer
+
+    server = TritonServer(Path(args.repository), http_port=args.http_port, grpc_port=args.grpc_port,
+                          metrics_port=args.metrics_port)
+    print(f"starting tritonserver on http://{server.url} (grpc {server.grpc_port}, metrics {server.metrics_port}); "
+          f"log: {server.log_path}", flush=True)
+    with server:
+        print("ready", flush=True)
+        if args.smoke:
+            demo_request(server.url, Path(args.repository))
+            return 0
+        stop = []
+        signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+        try:
+            while not stop and server.process.poll() is None:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        print("stopping", flush=True)
+    return 0
+
+
+def cmd_infer(args) -> int:
+    from tritonpack.client import embed
+
+    texts = list(args.texts)
+    if args.file:
+        texts += Path(args.file).read_text().splitlines()
+    if not texts:
+        raise SystemExit("give texts as arguments or --file")
+    vectors = embed(args.url, args.model, texts)
+    if args.json:
+        json.dump({"model": args.model, "embeddings": vectors.tolist()}, sys.stdout)
+        print()
+        return 0
+    print(f"{args.model}: {vectors.shape[0]} embeddings of {vectors.shape[1]} floats")
+    for text, vector in zip(texts, vectors):
+        print(f"  [{', '.join(f'{v:+.4f}' for v in vector[:4])}, …]  {text[:60]!r}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    from ensembles import NAMES
+    from tritonpack.components import TARGETS
+
+    p = argparse.ArgumentParser(prog="tritonpack", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="build a versioned Triton repository and its MME tarball into dist/")
+    b.add_argument("name", choices=NAMES)
+    b.add_argument("--target", choices=TARGETS, help="default: gpu with a CUDA GPU and TensorRT, else portable")
+    b.add_argument("--model", help="text ensembles: local sentence-transformers folder or hub id "
+                                   "(default: the bundled all-MiniLM-L6-v2)")
+    b.add_argument("--weights", help="image ensembles: local weights file")
+    b.add_argument("--fp16", action="store_true", help="TensorRT plans in fp16")
+    b.add_argument("--dist", default="dist")
+    b.add_argument("--smoke", action="store_true", help="then serve it locally and show one real answer")
+    b.set_defaults(func=cmd_build)
+
+    s = sub.add_parser("serve", help="serve a repository with the tritonserver bundled in nvidia-pytriton")
+    s.add_argument("repository")
+    s.add_argument("--http-port", type=int, default=0, help="default: a free port")
+    s.add_argument("--grpc-port", type=int, default=0)
+    s.add_argument("--metrics-port", type=int, default=0)
+    s.add_argument("--smoke", action="store_true", help="send one example request, print the answer, stop")
+    s.set_defaults(func=cmd_serve)
+
+    i = sub.add_parser("infer", help="texts → embeddings from a served text ensemble")
+    i.add_argument("texts", nargs="*")
+    i.add_argument("--file", help="one text per line")
+    i.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP host:port")
+    i.add_argument("--model", default="bert")
+    i.add_argument("--json", action="store_true", help="print all values as JSON")
+    i.set_defaults(func=cmd_infer)
+
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).add_command(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Model folders: a spec plus the files that go beside its `config.pbtxt`, realised per target.
+
+One ensemble definition renders every target: a framework artifact (ONNX, TorchScript, graphdef, TensorRT
+plan, DALI pipeline) becomes the native backend on `gpu`/`cpu` and the python `framework_runner` running
+the same file on `portable`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from tritonpack.spec import DynamicBatching, InstanceGroup, ModelSpec, SpecError, Tensor
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+MODELS_DIR = PROJECT_ROOT / "models"
+TARGETS = ("gpu", "cpu", "portable")
+VERSION = "1"
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    spec: ModelSpec
+    files: Mapping[str, Path] = field(default_factory=dict)  # path inside the model folder → source file
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "files", dict(self.files))
+        if self.spec.labelled_output and "labels.txt" not in self.files:
+            raise SpecError(f"model {self.spec.name}: labelled_output set but no labels.txt")
+
+
+def instance_kind(target: str) -> str:
+    return "KIND_GPU" if target == "gpu" else "KIND_CPU"
+
+
+def python_model(spec: ModelSpec, source: str, extra_files: Mapping[str, Path] | None = None) -> ModelFolder:
+    """A python-backend model from `models/<source>/`; the shared request helpers travel with it."""
+    if spec.backend != "python":
+        raise SpecError(f"model {spec.name}: python_model needs backend 'python'")
+    modules = sorted((MODELS_DIR / source).glob("*.py")) + sorted((MODELS_DIR / "shared").glob("*.py"))
+    files = {f"{VERSION}/{p.name}": p for p in modules}
+    files.update(extra_files or {})
+    return ModelFolder(spec, files)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A compiled model file and the framework that runs it."""
+
+    framework: str  # onnx | torchscript | graphdef | tensorrt_plan
+    path: Path
+
+    NATIVE = {  # framework → (platform, file name Triton looks for)
+        "onnx": ("onnxruntime_onnx", "model.onnx"),
+        "torchscript": ("pytorch_libtorch", "model.pt"),
+        "graphdef": ("tensorflow_graphdef", "model.graphdef"),
+        "tensorrt_plan": ("tensorrt_plan", "model.plan"),
+    }
+    RUNNER = {"onnx": "onnxruntime", "torchscript": "torchscript", "graphdef": "tensorflow_graphdef"}
+
+    def __post_init__(self) -> None:
+        if self.framework not in self.NATIVE:
+            raise SpecError(f"unknown artifact framework {self.framework!r}")
+
+
+def framework_model(
+    name: str,
+    artifact: Artifact,
+    target: str,
+    inputs: tuple[Tensor, ...],
+    outputs: tuple[Tensor, ...],
+    max_batch_size: int,
+    dynamic_batching: DynamicBatching | None,
+    instances: int = 1,
+    threads: int = 0,
+    labels: Path | None = None,
+    labelled_output: str = "",
+    **native_options,
+) -> ModelFolder:
+    """The artifact on the native backend (gpu/cpu) or through the python framework_runner (portable)."""
+    platform, filename = Artifact.NATIVE[artifact.framework]
+    if artifact.framework == "torchscript":  # libtorch names outputs by position: <name>__<index>
+        outputs = tuple(replace(t, name=f"{t.name}__{i}") for i, t in enumerate(outputs))
+    extra = {"labels.txt": labels} if labels else {}
+    if target == "portable":
+        if artifact.framework not in Artifact.RUNNER:
+            raise SpecError(f"{artifact.framework} has no portable runner; build {name} from its ONNX instead")
+        params = {"framework": Artifact.RUNNER[artifact.framework], "artifact": filename,
+                  "threads": str(threads)}
+        if artifact.framework == "torchscript":
+            params["input_order"] = ",".join(t.name for t in inputs)
+            params["output_order"] = ",".join(t.name for t in outputs)
+        # The runner pads the sequence axis across requests, so requests of different lengths batch together.
+        ragged_inputs = tuple(replace(t, allow_ragged_batch=len(t.dims) > 0 and t.dims[0] == -1) for t in inputs)
+        spec = ModelSpec(name=name, backend="python", max_batch_size=max_batch_size, inputs=ragged_inputs,
+                         outputs=outputs, instance_group=(InstanceGroup("KIND_CPU", instances),),
+                         dynamic_batching=dynamic_batching, parameters=params, labelled_output=labelled_output)
+        return python_model(spec, "framework_runner", {f"{VERSION}/{filename}": artifact.path, **extra})
+    if artifact.framework == "tensorrt_plan" and target != "gpu":
+        raise SpecError(f"model {name}: a TensorRT plan runs only on the gpu target")
+    spec = ModelSpec(name=name, platform=platform, max_batch_size=max_batch_size, inputs=inputs, outputs=outputs,
+                     instance_group=(InstanceGroup(instance_kind(target), instances),),
+                     dynamic_batching=dynamic_batching, labelled_output=labelled_output, **native_options)
+    return ModelFolder(spec, {f"{VERSION}/{filename}": artifact.path, **extra})

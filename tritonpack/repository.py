@@ -1,0 +1,85 @@
+"""Write model folders as a Triton model repository and pack it as a reproducible MME tarball."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from tritonpack.components import ModelFolder
+
+MANIFEST = "manifest.json"
+FIXED_MTIME = 0  # tar entries and the gzip header carry no build time, so equal inputs give equal bytes
+
+
+def write_repository(folders: Iterable[ModelFolder], out_dir: Path, manifest: Mapping | None = None) -> Path:
+    """Replace `out_dir` with one folder per model (`config.pbtxt` + files); written beside, then swapped in."""
+    folders = list(folders)
+    names = [f.spec.name for f in folders]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate model names in repository: {names}")
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        for folder in folders:
+            model_dir = staging / folder.spec.name
+            model_dir.mkdir()
+            (model_dir / "config.pbtxt").write_text(folder.spec.render())
+            for relative, source in sorted(folder.files.items()):
+                destination = model_dir / relative
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, destination)
+            (model_dir / "1").mkdir(exist_ok=True)  # ensembles have an empty version folder
+        if manifest is not None:
+            artifacts = {str(p.relative_to(staging)): sha256_file(p) for p in sorted(staging.rglob("*")) if p.is_file()}
+            (staging / MANIFEST).write_text(json.dumps({**manifest, "sha256": artifacts}, indent=2, sort_keys=True) + "\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _normalised(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.mtime = FIXED_MTIME
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mode = 0o755 if info.isdir() or info.mode & 0o111 else 0o644
+    return info
+
+
+def write_tarball(repo_dir: Path, tar_path: Path) -> Path:
+    """The repository's model folders at the top level of a gzip tarball, byte-for-byte reproducible."""
+    repo_dir, tar_path = Path(repo_dir), Path(tar_path)
+    tmp = tar_path.with_name(tar_path.name + ".partial")
+    tar_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(tmp, "wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=FIXED_MTIME, compresslevel=6) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(repo_dir.rglob("*")):
+            if path.is_symlink():
+                raise ValueError(f"{path}: links are not packed into MME tarballs")
+            info = _normalised(tar.gettarinfo(str(path), arcname=str(path.relative_to(repo_dir))))
+            if path.is_file():
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
+            else:
+                tar.addfile(info)
+    tmp.replace(tar_path)
+    return tar_path

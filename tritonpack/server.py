@@ -1,0 +1,206 @@
+"""Run the tritonserver bundled in the `nvidia-pytriton` wheel, without docker.
+
+The wheel ships the server, the python backend and one stub per Python minor version; the stub must match
+the Python the models run in, so a backend directory is prepared once per interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def pytriton_root() -> Path:
+    import pytriton
+
+    return Path(pytriton.__file__).resolve().parent
+
+
+def tritonserver_binary() -> Path:
+    return pytriton_root() / "tritonserver" / "bin" / "tritonserver"
+
+
+def server_library_path() -> str:
+    root = pytriton_root()
+    libs = [root.parent / "nvidia_pytriton.libs", root / "tritonserver" / "lib"]
+    existing = os.environ.get("LD_LIBRARY_PATH", "")
+    return os.pathsep.join([str(p) for p in libs if p.exists()] + ([existing] if existing else []))
+
+
+def prepare_backend_directory(cache: Path | None = None) -> Path:
+    """A backends/ folder whose python backend uses the stub for this interpreter's Python."""
+    cache = cache or Path(os.environ.get("TRITONPACK_CACHE", Path.home() / ".cache" / "tritonpack"))
+    target = cache / f"backends-py{PYTHON_VERSION}"
+    stub = target / "python" / "triton_python_backend_stub"
+    if stub.exists():
+        return target
+    source = pytriton_root() / "tritonserver"
+    staging = Path(tempfile.mkdtemp(prefix="backends-", dir=cache.mkdir(parents=True, exist_ok=True) or cache))
+    shutil.copytree(source / "backends", staging, dirs_exist_ok=True)
+    shutil.copy2(source / "python_backend_stubs" / PYTHON_VERSION / "triton_python_backend_stub",
+                 staging / "python" / "triton_python_backend_stub")
+    try:
+        staging.rename(target)
+    except OSError:  # another process prepared it first
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def free_port() -> int:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class TritonServer:
+    """A tritonserver process serving `model_repository`; use as a context manager.
+
+    `extra_args` pass straight to tritonserver (e.g. the SageMaker front-end flags).
+    """
+
+    model_repository: Path | None
+    http_port: int = 0
+    grpc_port: int = 0
+    metrics_port: int = 0
+    log_path: Path | None = None
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    startup_timeout_s: float = 180.0
+    process: subprocess.Popen | None = None
+
+    def __post_init__(self) -> None:
+        self.http_port = self.http_port or free_port()
+        self.grpc_port = self.grpc_port or free_port()
+        self.metrics_port = self.metrics_port or free_port()
+        if self.log_path is None:
+            self.log_path = Path(tempfile.mkdtemp(prefix="tritonpack-")) / "tritonserver.log"
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    def command(self) -> list[str]:
+        cmd = [
+            str(tritonserver_binary()),
+            f"--backend-directory={prepare_backend_directory()}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-metrics=true",
+            "--log-verbose=0",
+        ]
+        if self.model_repository is not None:
+            cmd.append(f"--model-repository={Path(self.model_repository).resolve()}")
+        return cmd + list(self.extra_args)
+
+    def start(self, wait_ready: bool = True) -> TritonServer:
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = server_library_path()
+        # The stub runs in this interpreter's environment: make its site-packages and bin visible.
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        env.update(self.env)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        log.close()
+        if wait_ready:
+            self.wait_ready()
+        return self
+
+    def _get(self, path: str, timeout: float = 2.0) -> int:
+        try:
+            with urllib.request.urlopen(f"http://{self.url}{path}", timeout=timeout) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except (urllib.error.URLError, OSError):
+            return 0
+
+    def is_ready(self) -> bool:
+        return self._get("/v2/health/ready") == 200
+
+    def is_live(self) -> bool:
+        return self._get("/v2/health/live") == 200
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerError(
+                    f"tritonserver exited with {self.process.returncode} before it was ready; "
+                    f"log: {self.log_path}\n{self.log_tail()}"
+                )
+            if self.is_ready():
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise ServerError(f"tritonserver not ready after {timeout_s or self.startup_timeout_s:.0f}s; "
+                          f"log: {self.log_path}\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def process_group_pids(self) -> list[int]:
+        """The server and every process it started (python stubs share its process group)."""
+        if self.process is None:
+            return []
+        pgid = self.process.pid
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if os.getpgid(int(entry.name)) == pgid:
+                        pids.append(int(entry.name))
+                except (ProcessLookupError, PermissionError):
+                    continue
+        return pids
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM lets Triton unload models and stop its stubs; anything left after the timeout is killed."""
+        if self.process is None:
+            return
+        pgid = self.process.pid
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        deadline = time.monotonic() + 5
+        while self.process_group_pids() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if self.process.poll() is None:
+            self.process.wait(timeout=5)
+
+    def __enter__(self) -> TritonServer:
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,227 @@
+"""Typed, frozen model specs rendered to Triton's `config.pbtxt` through its own protobuf schema.
+
+Field names follow `model_config.proto` (snake_case) so a spec reads like the config it renders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+DATA_TYPES = frozenset(mc.DataType.keys()) - {"TYPE_INVALID"}
+KINDS = frozenset({"KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL"})
+# numpy dtype name for each Triton dtype we exchange between steps (TYPE_STRING travels as bytes objects).
+NUMPY_DTYPES = {
+    "TYPE_BOOL": "bool",
+    "TYPE_UINT8": "uint8",
+    "TYPE_INT32": "int32",
+    "TYPE_INT64": "int64",
+    "TYPE_FP16": "float16",
+    "TYPE_FP32": "float32",
+    "TYPE_FP64": "float64",
+    "TYPE_STRING": "object",
+}
+
+
+class SpecError(ValueError):
+    """A spec that Triton would reject, caught before anything is written."""
+
+
+def _frozen_map(value: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(dict(value).items()))
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    data_type: str
+    dims: tuple[int, ...]
+    allow_ragged_batch: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dims", tuple(int(d) for d in self.dims))
+        if not self.name:
+            raise SpecError("tensor name is empty")
+        if self.data_type not in DATA_TYPES:
+            raise SpecError(f"tensor {self.name}: unknown data_type {self.data_type!r}")
+        if any(d < -1 or d == 0 for d in self.dims):
+            raise SpecError(f"tensor {self.name}: dims must be positive or -1, got {list(self.dims)}")
+
+    def fill(self, msg) -> None:
+        msg.name = self.name
+        msg.data_type = mc.DataType.Value(self.data_type)
+        msg.dims.extend(self.dims)
+        if self.allow_ragged_batch:
+            msg.allow_ragged_batch = True
+
+
+@dataclass(frozen=True)
+class InstanceGroup:
+    kind: str = "KIND_CPU"
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise SpecError(f"instance_group kind {self.kind!r} is not one of {sorted(KINDS)}")
+        if self.count < 1:
+            raise SpecError(f"instance_group count must be >= 1, got {self.count}")
+
+
+@dataclass(frozen=True)
+class DynamicBatching:
+    preferred_batch_size: tuple[int, ...] = ()
+    max_queue_delay_microseconds: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "preferred_batch_size", tuple(self.preferred_batch_size))
+        if any(b < 1 for b in self.preferred_batch_size) or self.max_queue_delay_microseconds < 0:
+            raise SpecError("dynamic_batching sizes must be >= 1 and the delay >= 0")
+
+
+@dataclass(frozen=True)
+class EnsembleStep:
+    """`input_map` maps the step model's input name to an ensemble tensor; `output_map` its outputs."""
+
+    model_name: str
+    input_map: Mapping[str, str]
+    output_map: Mapping[str, str]
+    model_version: int = -1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_map", _frozen_map(self.input_map))
+        object.__setattr__(self, "output_map", _frozen_map(self.output_map))
+        if not self.input_map or not self.output_map:
+            raise SpecError(f"ensemble step {self.model_name}: input_map and output_map must not be empty")
+
+
+@dataclass(frozen=True)
+class WarmupInput:
+    """Random data for one input of a warmup request (`model_warmup` in the config)."""
+
+    name: str
+    data_type: str
+    dims: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        Tensor(self.name, self.data_type, self.dims)  # same validation rules
+
+
+@dataclass(frozen=True)
+class ModelWarmup:
+    name: str
+    batch_size: int
+    inputs: tuple[WarmupInput, ...]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    max_batch_size: int
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    backend: str = ""
+    platform: str = ""
+    instance_group: tuple[InstanceGroup, ...] = ()
+    dynamic_batching: DynamicBatching | None = None
+    ensemble_steps: tuple[EnsembleStep, ...] = ()
+    parameters: Mapping[str, str] = field(default_factory=dict)
+    default_model_filename: str = ""
+    model_warmup: tuple[ModelWarmup, ...] = ()
+    # name of the output whose classes `label_filename` names (the file is `labels.txt` in the model folder)
+    labelled_output: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("inputs", "outputs", "instance_group", "ensemble_steps", "model_warmup"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "parameters", _frozen_map(self.parameters))
+        if not self.name or "/" in self.name:
+            raise SpecError(f"model name {self.name!r} is not a valid folder name")
+        if bool(self.backend) == bool(self.platform) and self.platform != "ensemble":
+            raise SpecError(f"model {self.name}: set exactly one of backend or platform")
+        if self.max_batch_size < 0:
+            raise SpecError(f"model {self.name}: max_batch_size must be >= 0")
+        is_ensemble = self.platform == "ensemble"
+        if is_ensemble and not self.ensemble_steps:
+            raise SpecError(f"ensemble {self.name} has no steps")
+        if not is_ensemble and self.ensemble_steps:
+            raise SpecError(f"model {self.name}: only an ensemble has ensemble_steps")
+        if is_ensemble and (self.dynamic_batching or self.instance_group):
+            raise SpecError(f"ensemble {self.name}: dynamic_batching and instance_group belong to its steps")
+        if self.dynamic_batching and self.max_batch_size == 0:
+            raise SpecError(f"model {self.name}: dynamic_batching needs max_batch_size > 0")
+        for group in (self.inputs, self.outputs):
+            names = [t.name for t in group]
+            if len(set(names)) != len(names):
+                raise SpecError(f"model {self.name}: duplicate tensor names {names}")
+        if self.labelled_output and self.labelled_output not in {t.name for t in self.outputs}:
+            raise SpecError(f"model {self.name}: labelled_output {self.labelled_output} is not an output")
+
+    @property
+    def is_ensemble(self) -> bool:
+        return self.platform == "ensemble"
+
+    def input(self, name: str) -> Tensor:
+        return next(t for t in self.inputs if t.name == name)
+
+    def output(self, name: str) -> Tensor:
+        return next(t for t in self.outputs if t.name == name)
+
+    def to_proto(self) -> mc.ModelConfig:
+        cfg = mc.ModelConfig(name=self.name, max_batch_size=self.max_batch_size)
+        if self.backend:
+            cfg.backend = self.backend
+        if self.platform:
+            cfg.platform = self.platform
+        if self.default_model_filename:
+            cfg.default_model_filename = self.default_model_filename
+        for tensor in self.inputs:
+            tensor.fill(cfg.input.add())
+        for tensor in self.outputs:
+            out = cfg.output.add()
+            tensor.fill(out)
+            if tensor.name == self.labelled_output:
+                out.label_filename = LABELS_FILENAME
+        for group in self.instance_group:
+            cfg.instance_group.add(kind=mc.ModelInstanceGroup.Kind.Value(group.kind), count=group.count)
+        if self.dynamic_batching:
+            cfg.dynamic_batching.preferred_batch_size.extend(self.dynamic_batching.preferred_batch_size)
+            cfg.dynamic_batching.max_queue_delay_microseconds = (
+                self.dynamic_batching.max_queue_delay_microseconds
+            )
+        for step in self.ensemble_steps:
+            s = cfg.ensemble_scheduling.step.add(model_name=step.model_name, model_version=step.model_version)
+            s.input_map.update(dict(step.input_map))
+            s.output_map.update(dict(step.output_map))
+        for key, value in self.parameters:
+            cfg.parameters[key].string_value = value
+        for warmup in self.model_warmup:
+            w = cfg.model_warmup.add(name=warmup.name, batch_size=warmup.batch_size)
+            for inp in warmup.inputs:
+                data = w.inputs[inp.name]
+                data.data_type = mc.DataType.Value(inp.data_type)
+                data.dims.extend(inp.dims)
+                data.random_data = True
+        return cfg
+
+    def render(self) -> str:
+        return render_config(self.to_proto())
+
+
+LABELS_FILENAME = "labels.txt"
+
+
+def render_config(cfg: mc.ModelConfig) -> str:
+    text = text_format.MessageToString(cfg)
+    if cfg.max_batch_size == 0:
+        # proto3 omits zero scalars; Triton reads a missing max_batch_size as "not batched" too, but an
+        # explicit line tells the reader the choice was deliberate.
+        text = text.replace(f'name: "{cfg.name}"\n', f'name: "{cfg.name}"\nmax_batch_size: 0\n', 1)
+    return text
+
+
+def parse_config(text: str) -> mc.ModelConfig:
+    """Parse a `config.pbtxt` with Triton's schema; raises `text_format.ParseError` naming line and field."""
+    return text_format.Parse(text, mc.ModelConfig())
