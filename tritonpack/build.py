@@ -9,6 +9,9 @@ from pathlib import Path
 import ensembles
 from tritonpack.components import TARGETS
 from tritonpack.repository import write_repository, write_tarball
+from tritonpack.spec import SpecError
+from tritonpack.wiring import wiring_problems
+
 
 @dataclass(frozen=True)
 class BuildRequest:
@@ -61,6 +64,12 @@ def build(request: BuildRequest) -> BuildResult:
     recipe = ensembles.recipe(request.name)
     dist = Path(request.dist)
     folders = recipe.models(request, dist / "cache")
+    configs = {f.spec.name: f.spec.to_proto() for f in folders}
+    for config in configs.values():
+        if config.platform == "ensemble":
+            problems = wiring_problems(config, configs)
+            if problems:
+                raise SpecError(f"{request.slug}: " + "; ".join(f"{field}: {why}" for field, why in problems))
     manifest = {
         "ensemble": request.name,
         "target": request.target,

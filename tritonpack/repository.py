@@ -37,8 +37,10 @@ def write_repository(folders: Iterable[ModelFolder], out_dir: Path, manifest: Ma
                 shutil.copyfile(source, destination)
             (model_dir / "1").mkdir(exist_ok=True)  # ensembles have an empty version folder
         if manifest is not None:
-            artifacts = {str(p.relative_to(staging)): sha256_file(p) for p in sorted(staging.rglob("*")) if p.is_file()}
-            (staging / MANIFEST).write_text(json.dumps({**manifest, "sha256": artifacts}, indent=2, sort_keys=True) + "\n")
+            artifacts = {str(p.relative_to(staging)): sha256_file(p)
+                         for p in sorted(staging.rglob("*")) if p.is_file()}
+            text = json.dumps({**manifest, "sha256": artifacts}, indent=2, sort_keys=True)
+            (staging / MANIFEST).write_text(text + "\n")
         if out_dir.exists():
             shutil.rmtree(out_dir)
         staging.rename(out_dir)

@@ -16,7 +16,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from contextlib import closing
+from contextlib import closing, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,11 +118,10 @@ class TritonServer:
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         env.update(self.env)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        log.close()
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         if wait_ready:
             self.wait_ready()
         return self
@@ -185,17 +184,13 @@ class TritonServer:
         pgid = self.process.pid
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-            try:
+            with suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
         deadline = time.monotonic() + 5
         while self.process_group_pids() and time.monotonic() < deadline:
             time.sleep(0.1)
-        try:
+        with suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         if self.process.poll() is None:
             self.process.wait(timeout=5)
 

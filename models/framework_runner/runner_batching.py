@@ -11,7 +11,6 @@ import json
 import os
 
 import numpy as np
-
 from batched_requests import pad_and_concat, read_input, respond_all, split_rows
 
 PAD_VALUES = {"attention_mask": 0}

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from tokenizers import Tokenizer
-
 from batched_requests import ClientError
+from tokenizers import Tokenizer
 
 
 def decode_texts(array: np.ndarray, max_text_bytes: int) -> list[str]:

@@ -1,0 +1,59 @@
+"""Shared fixtures: built repositories (one build per session) and real tritonservers serving them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# Exports are content-addressed, so tests share the build cache with `make ensemble`.
+BUILD_CACHE = Path(os.environ.get("TRITONPACK_TEST_CACHE", PROJECT_ROOT / "dist" / "cache"))
+
+
+@pytest.fixture(scope="session")
+def test_dist(tmp_path_factory) -> Path:
+    dist = tmp_path_factory.mktemp("dist")
+    (dist / "cache").parent.mkdir(parents=True, exist_ok=True)
+    BUILD_CACHE.mkdir(parents=True, exist_ok=True)
+    (dist / "cache").symlink_to(BUILD_CACHE)
+    return dist
+
+
+@pytest.fixture(scope="session")
+def build_ensemble(test_dist):
+    """build_ensemble(name, target, **options) → BuildResult, built once per session per arguments."""
+    from tritonpack.build import BuildRequest, build
+
+    built = {}
+
+    def _build(name: str, target: str = "portable", **options):
+        key = (name, target, tuple(sorted(options.items())))
+        if key not in built:
+            built[key] = build(BuildRequest(name, target, dist=test_dist, **options))
+        return built[key]
+
+    return _build
+
+
+@pytest.fixture(scope="session")
+def served(build_ensemble):
+    """served(name, target) → a ready TritonServer on that repository, one per session per repository."""
+    from tritonpack.server import TritonServer
+
+    servers = {}
+
+    def _served(name: str, target: str = "portable"):
+        if (name, target) not in servers:
+            servers[(name, target)] = TritonServer(build_ensemble(name, target).repository).start()
+        server = servers[(name, target)]
+        assert server.is_ready(), f"server for {name}-{target} is not ready; log: {server.log_path}"
+        return server
+
+    yield _served
+    for server in servers.values():
+        server.stop()
