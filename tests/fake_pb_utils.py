@@ -98,14 +98,13 @@ def load_model(version_dir: Path, config_pbtxt: Path, model_repository: Path | N
     from tritonpack.spec import parse_config
 
     sys.modules["triton_python_backend_utils"] = _module()
-    sys.path.insert(0, str(version_dir))
-    try:
-        spec = importlib.util.spec_from_file_location(f"model_{uuid.uuid4().hex}", version_dir / "model.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(version_dir))
     config = json_format.MessageToDict(parse_config(config_pbtxt.read_text()), preserving_proto_field_name=True)
+    # Like the stub, keep the version folder importable: models import siblings lazily in initialize.
+    if str(version_dir) not in sys.path:
+        sys.path.insert(0, str(version_dir))
+    spec = importlib.util.spec_from_file_location(f"model_{uuid.uuid4().hex}", version_dir / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     model = module.TritonPythonModel()
     model.initialize({
         "model_config": json.dumps(config),

@@ -1,0 +1,83 @@
+"""Encoder export (ONNX + TorchScript) and MODEL=<local dir>: any BERT-family sentence-transformers folder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+from build.export_text_encoder import max_diff_on_real_tokens
+from ensembles.text import SentenceTransformerSource, encoder_artifacts
+from tritonpack.build import BuildRequest, build
+from tritonpack.client import embed
+from tritonpack.server import TritonServer
+from tritonpack.spec import SpecError
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A randomly initialised 2-layer BERT saved as a sentence-transformers folder (MiniLM's vocabulary)."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    source = SentenceTransformerSource.resolve(None).path
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64)).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(source / name, folder / name)
+    modules = json.loads((source / "modules.json").read_text())
+    (folder / "modules.json").write_text(json.dumps(modules[:2]))  # no Normalize: the un-normalised path
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True, "pooling_mode_cls_token": False}))
+    return folder
+
+
+def test_onnx_export_has_dynamic_batch_and_sequence_axes_when_exported(test_dist):
+    source = SentenceTransformerSource.resolve(None)
+    graph = onnx.load(str(encoder_artifacts(source, test_dist / "cache")["onnx"]), load_external_data=False).graph
+    for value in list(graph.input) + list(graph.output):
+        dims = value.type.tensor_type.shape.dim
+        assert dims[0].dim_param and dims[1].dim_param, f"{value.name} has fixed batch or sequence axes"
+    assert [i.name for i in graph.input] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert [o.name for o in graph.output] == ["token_embeddings"]
+
+
+def test_max_diff_ignores_padded_positions_when_they_differ():
+    expected = np.zeros((2, 3, 4), dtype=np.float32)
+    actual = expected.copy()
+    actual[1, 2] = 5.0  # a padded position
+    actual[0, 0, 0] = 1e-5
+    assert max_diff_on_real_tokens(expected, actual, np.array([[1, 1, 1], [1, 1, 0]])) == pytest.approx(1e-5)
+
+
+def test_source_rejects_model_when_pooling_is_not_mean(tiny_model, tmp_path):
+    broken = tmp_path / "cls"
+    shutil.copytree(tiny_model, broken)
+    (broken / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"pooling_mode_mean_tokens": False, "pooling_mode_cls_token": True}))
+    with pytest.raises(SpecError, match="1_Pooling/config.json: only mean pooling"):
+        SentenceTransformerSource.load(broken)
+
+
+@pytest.mark.server
+def test_bert_serves_any_local_sentence_transformers_model_when_model_dir_is_given(tiny_model, test_dist):
+    from sentence_transformers import SentenceTransformer
+
+    source = SentenceTransformerSource.load(tiny_model)
+    assert (source.hidden_size, source.max_seq_length, source.normalize) == (32, 64, False)
+    result = build(BuildRequest("bert", "portable", model=str(tiny_model), dist=test_dist / "tiny"))
+    texts = ["tiny models serve too", "", "word " * 200]
+    expected = SentenceTransformer(str(tiny_model), device="cpu").encode(texts)
+    with TritonServer(result.repository) as server:
+        got = embed(server.url, "bert", texts)
+    assert got.shape == (3, 32)
+    cos = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cos.min() >= 0.9999
+    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-5)  # not normalised: magnitudes match too
