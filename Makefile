@@ -8,13 +8,21 @@ NAME ?= bert
 TARGET ?=
 MODEL ?=
 WEIGHTS ?=
+GRAPHDEF ?=# dali_inception: the TF-slim frozen graph (passed as --weights)
+MODEL_FORMAT ?=# dali_inception: graphdef (default) | onnx
+ENV ?=# 1: pack the python models' environments into their folders (EXECUTION_ENV_PATH), for SageMaker
+ENVS ?= text onnx# make env: which envs/<name>/environment.yml to pack
+PYTHON_VERSION ?=# make env / ENV=1: the target container's Python (default: this interpreter's, the local stub's)
+TRITON_CONTAINER ?=# make env / make check: a Triton container release (e.g. 24.10) instead of PYTHON_VERSION
+MME_PORT ?= 8080
+MAX_MODELS ?= 8
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-BUILD_ARGS = $(NAME) $(if $(TARGET),--target $(TARGET)) $(if $(MODEL),--model $(MODEL)) $(if $(WEIGHTS),--weights $(WEIGHTS))
+BUILD_ARGS = $(NAME) $(if $(TARGET),--target $(TARGET)) $(if $(MODEL),--model $(MODEL)) $(if $(WEIGHTS),--weights $(WEIGHTS))$(if $(GRAPHDEF), --weights $(GRAPHDEF))$(if $(MODEL_FORMAT), --model-format $(MODEL_FORMAT))$(if $(ENV), --env)$(if $(PYTHON_VERSION), --env-python $(PYTHON_VERSION))
 REPO = dist/$(NAME)-$(or $(TARGET),portable)
 
-.PHONY: help setup ensemble build serve test lint clean
+.PHONY: help setup ensemble build serve test lint clean env check mme
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -36,6 +44,17 @@ build: $(STAMP) ## build dist/NAME-TARGET/ and its MME tarball without serving
 
 serve: $(STAMP) ## serve dist/NAME-TARGET in the local Triton until Ctrl-C
 	$(BIN)/tritonpack serve $(REPO)
+
+env: $(STAMP) ## pack ENVS (text onnx) into dist/envs/ (conda-pack when conda is on PATH, else venv-pack)
+	$(BIN)/tritonpack env $(ENVS) $(if $(PYTHON_VERSION),--python $(PYTHON_VERSION))$(if $(TRITON_CONTAINER), --container $(TRITON_CONTAINER))
+
+check: $(STAMP) ## will dist/NAME-TARGET.tar.gz load on an MME? one line per problem, exit 1 if not
+	$(BIN)/tritonpack check $(REPO).tar.gz $(if $(TRITON_CONTAINER),--container $(TRITON_CONTAINER))
+
+mme: $(STAMP) ## local SageMaker MME on MME_PORT (8080) serving dist/*.tar.gz; builds NAME-TARGET first if missing
+	@test -f $(REPO).tar.gz || $(BIN)/tritonpack build $(BUILD_ARGS)
+	@echo "invoke: $(BIN)/tritonpack infer --mme http://127.0.0.1:$(MME_PORT) --target-model $(notdir $(REPO)).tar.gz 'some text'"
+	$(BIN)/tritonpack mme --models dist --port $(MME_PORT) --max-models $(MAX_MODELS)
 
 test: $(STAMP) ## run the test suite (unit tests and real-tritonserver tests)
 	$(BIN)/python -m pytest

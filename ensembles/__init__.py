@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-NAMES = ("bert", "bert_pt")
+NAMES = ("bert", "bert_pt", "dali_inception", "resnet_pt", "resnet_trt")
 
 
 def recipe(name: str):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from ensembles.text import SentenceTransformerSource, TextServing, encoder_artifacts, text_ensemble
 from tritonpack.components import Artifact, ModelFolder, framework_model
-from tritonpack.spec import DynamicBatching
 
 NAME = "bert"
 TARGETS = ("gpu", "cpu", "portable")
@@ -19,14 +18,14 @@ SERVING = {
 def models(request, cache) -> list[ModelFolder]:
     source = SentenceTransformerSource.resolve(request.model)
     onnx = encoder_artifacts(source, cache)["onnx"]
-    serving = SERVING[request.target]
+    serving = SERVING[request.target].with_overrides(request.serving)
     artifact = Artifact("onnx", onnx)
     if request.target == "gpu":
         artifact = Artifact("tensorrt_plan", text_encoder_plan(onnx, source, serving, request.fp16, cache))
     encoder = framework_model(
         f"{NAME}_encoder", artifact, request.target, source.encoder_inputs(), source.encoder_outputs(),
-        max_batch_size=serving.max_batch_size,
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=serving.max_queue_delay_microseconds),
+        max_batch_size=serving.max_batch_size, dynamic_batching=serving.batching(),
+        instances=serving.encoder_instances, threads=serving.encoder_threads,
     )
     return text_ensemble(NAME, source, encoder, serving)
 

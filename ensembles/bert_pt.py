@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from ensembles.text import SentenceTransformerSource, TextServing, encoder_artifacts, text_ensemble
 from tritonpack.components import Artifact, ModelFolder, framework_model
-from tritonpack.spec import DynamicBatching
 
 NAME = "bert_pt"
 TARGETS = ("gpu", "cpu", "portable")
@@ -13,11 +12,11 @@ SERVING = {"portable": TextServing(), "cpu": TextServing(), "gpu": TextServing(t
 
 def models(request, cache) -> list[ModelFolder]:
     source = SentenceTransformerSource.resolve(request.model)
-    serving = SERVING[request.target]
+    serving = SERVING[request.target].with_overrides(request.serving)
     # pytorch_libtorch accepts inputs named like the traced forward's arguments; outputs get `__<index>`.
     encoder = framework_model(
         f"{NAME}_encoder", Artifact("torchscript", encoder_artifacts(source, cache)["torchscript"]), request.target,
         source.encoder_inputs(), source.encoder_outputs(), max_batch_size=serving.max_batch_size,
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=serving.max_queue_delay_microseconds),
+        dynamic_batching=serving.batching(), instances=serving.encoder_instances, threads=serving.encoder_threads,
     )
     return text_ensemble(NAME, source, encoder, serving)

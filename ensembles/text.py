@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tritonpack.components import ModelFolder, python_model
@@ -87,19 +87,56 @@ class TextServing:
     tokenizer_instances: int = 1
     pooling_instances: int = 1
     max_queue_delay_microseconds: int = 2000
+    max_text_bytes: int = MAX_TEXT_BYTES  # per TEXT element, rendered into the tokenizer's parameters
+    # The tokenizer is the step that reads client bytes. Triton's python backend fails every request of a
+    # dynamic batch when one carries malformed BYTES framing (README, "Reliability"), so by default it runs
+    # each request alone; the encoder still batches across requests (measured cost: none at 2 cores).
+    tokenizer_batching: bool = False
+    dynamic_batching: bool = True  # False: each step runs every request alone (the bench's P3 baseline)
+    encoder_instances: int = 1
+    encoder_threads: int = 0  # intra-op threads per encoder instance (portable runner); 0: the library's default
+    preferred_batch_size: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.max_text_bytes < 1:
+            raise SpecError(f"TextServing: max_batch_size and max_text_bytes must be positive, got {self}")
+
+    def with_overrides(self, overrides) -> TextServing:
+        """`(("dynamic_batching", "false"), ("encoder_instances", "2"))` (strings, as from the command line)."""
+        values = {}
+        for key, text in dict(overrides).items():
+            if key not in self.__dataclass_fields__:
+                raise SpecError(f"unknown serving setting {key!r}; one of {', '.join(self.__dataclass_fields__)}")
+            current = getattr(self, key)
+            if isinstance(current, bool):
+                if str(text).lower() not in ("true", "false", "1", "0"):
+                    raise SpecError(f"serving setting {key} takes true or false, got {text!r}")
+                values[key] = str(text).lower() in ("true", "1")
+            elif isinstance(current, tuple):
+                values[key] = tuple(int(v) for v in str(text).replace(",", " ").split())
+            else:
+                values[key] = int(text)
+        return replace(self, **values)
+
+    def batching(self) -> DynamicBatching | None:
+        if not self.dynamic_batching:
+            return None
+        return DynamicBatching(preferred_batch_size=self.preferred_batch_size,
+                               max_queue_delay_microseconds=self.max_queue_delay_microseconds)
 
 
 def text_ensemble(name: str, source: SentenceTransformerSource, encoder: ModelFolder,
                   serving: TextServing) -> list[ModelFolder]:
-    batching = DynamicBatching(max_queue_delay_microseconds=serving.max_queue_delay_microseconds)
+    batching = serving.batching()
     token_tensors = source.encoder_inputs()
     tokenizer = python_model(
         ModelSpec(
             name=f"{name}_tokenizer", backend="python", max_batch_size=serving.max_batch_size,
             inputs=(Tensor("TEXT", "TYPE_STRING", (1,)),), outputs=token_tensors,
-            instance_group=(InstanceGroup("KIND_CPU", serving.tokenizer_instances),), dynamic_batching=batching,
+            instance_group=(InstanceGroup("KIND_CPU", serving.tokenizer_instances),),
+            dynamic_batching=batching if serving.tokenizer_batching else None,
             parameters={"max_sequence_length": str(source.max_seq_length), "pad_token": source.pad_token,
-                        "max_text_bytes": str(MAX_TEXT_BYTES)},
+                        "max_text_bytes": str(serving.max_text_bytes)},
         ),
         "tokenizer",
         {"1/tokenizer.json": source.path / "tokenizer.json"},

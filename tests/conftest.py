@@ -13,6 +13,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Exports are content-addressed, so tests share the build cache with `make ensemble`.
 BUILD_CACHE = Path(os.environ.get("TRITONPACK_TEST_CACHE", PROJECT_ROOT / "dist" / "cache"))
+ENV_CACHE = PROJECT_ROOT / "dist" / "envs"
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +22,8 @@ def test_dist(tmp_path_factory) -> Path:
     (dist / "cache").parent.mkdir(parents=True, exist_ok=True)
     BUILD_CACHE.mkdir(parents=True, exist_ok=True)
     (dist / "cache").symlink_to(BUILD_CACHE)
+    ENV_CACHE.mkdir(parents=True, exist_ok=True)
+    (dist / "envs").symlink_to(ENV_CACHE)  # packed envs are reproducible: shared with `make env`
     return dist
 
 

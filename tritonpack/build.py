@@ -8,6 +8,7 @@ from pathlib import Path
 
 import ensembles
 from tritonpack.components import TARGETS
+from tritonpack.env import attach_environments, manifest_fields
 from tritonpack.repository import write_repository, write_tarball
 from tritonpack.spec import SpecError
 from tritonpack.wiring import wiring_problems
@@ -20,12 +21,18 @@ class BuildRequest:
     model: str | None = None  # text ensembles: local sentence-transformers folder or hub id
     weights: str | None = None  # image ensembles: local checkpoint
     fp16: bool = False
+    model_format: str | None = None  # dali_inception: graphdef (default) | onnx
+    env: bool = False  # pack the python models' environments into their folders (EXECUTION_ENV_PATH)
+    env_python: str | None = None  # with env: the target container's Python minor (default: the local stub's)
     dist: Path = Path("dist")
+    # overrides of the recipe's serving settings for this target, e.g. (("dynamic_batching", "false"),)
+    serving: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         recipe = ensembles.recipe(self.name)
         if self.target not in TARGETS:
             raise ValueError(f"unknown target {self.target!r}; one of {', '.join(TARGETS)}")
+        object.__setattr__(self, "serving", tuple((str(k), str(v)) for k, v in dict(self.serving).items()))
         if self.target not in recipe.TARGETS:
             raise ValueError(f"{self.name} has no {self.target} target; it has {', '.join(recipe.TARGETS)}")
 
@@ -64,6 +71,9 @@ def build(request: BuildRequest) -> BuildResult:
     recipe = ensembles.recipe(request.name)
     dist = Path(request.dist)
     folders = recipe.models(request, dist / "cache")
+    env_plan = attach_environments(folders, dist / "envs", python=request.env_python) if request.env else None
+    if env_plan is not None:
+        folders = env_plan.folders
     configs = {f.spec.name: f.spec.to_proto() for f in folders}
     for config in configs.values():
         if config.platform == "ensemble":
@@ -74,9 +84,10 @@ def build(request: BuildRequest) -> BuildResult:
         "ensemble": request.name,
         "target": request.target,
         "sagemaker_triton_default_model_name": request.name,
-        "build": {k: str(v) for k, v in asdict(request).items() if v not in (None, False) and k != "dist"},
+        "build": {k: str(v) for k, v in asdict(request).items() if v not in (None, False, ()) and k != "dist"},
         "built_with_python": platform.python_version(),
         "python_models": sorted(f.spec.name for f in folders if f.spec.backend == "python"),
+        **manifest_fields(folders, env_plan),  # python_version, environments, supported_containers, …
     }
     repository = write_repository(folders, dist / request.slug, manifest)
     tarball = write_tarball(repository, dist / f"{request.slug}.tar.gz")

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 # Modules that add their own subcommand with `add_command(subparsers)`.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("tritonpack.mme", "tritonpack.check", "tritonpack.env", "tritonpack.aws",
+                                     "tritonpack.bench")
 DEMO_TEXTS = ["tritonpack turns notebooks into Triton repositories.", "A second, unrelated sentence."]
 
 
@@ -22,8 +23,17 @@ def cmd_build(args) -> int:
     if not target:
         target, reason = default_target()
         print(reason, file=sys.stderr)
-    result = build(BuildRequest(args.name, target, model=args.model, weights=args.weights, fp16=args.fp16,
-                                dist=Path(args.dist)))
+    from build.build_tensorrt import TensorRTUnavailable
+    from tritonpack.spec import SpecError
+
+    try:
+        result = build(BuildRequest(args.name, target, model=args.model, weights=args.weights, fp16=args.fp16,
+                                    model_format=args.model_format, env=args.env, env_python=args.env_python,
+                                    dist=Path(args.dist),
+                                    serving=tuple(tuple(kv.split("=", 1)) for kv in args.serving or ())))
+    except (TensorRTUnavailable, SpecError, ValueError) as e:  # one line, no traceback, for what the user can fix
+        print(f"error: {args.name} ({target}): {e}", file=sys.stderr)
+        return 2
     print(f"repository: {result.repository}\ntarball:    {result.tarball}", flush=True)
     if args.smoke:
         args.repository, args.http_port, args.grpc_port, args.metrics_port = result.repository, 0, 0, 0
@@ -89,7 +99,16 @@ def cmd_infer(args) -> int:
         texts += Path(args.file).read_text().splitlines()
     if not texts:
         raise SystemExit("give texts as arguments or --file")
-    vectors = embed(args.url, args.model, texts)
+    if args.mme:  # a SageMaker multi-model endpoint (local `tritonpack mme` or real) through boto3
+        from tritonpack.payloads import embed_texts
+
+        if not args.target_model:
+            raise SystemExit("--mme needs --target-model (the tarball to invoke)")
+        vectors = embed_texts(texts, args.target_model, fmt=args.format, endpoint_name=args.endpoint_name,
+                              endpoint_url=None if args.mme == "aws" else args.mme)
+        args.model = args.target_model
+    else:
+        vectors = embed(args.url, args.model, texts)
     if args.json:
         json.dump({"model": args.model, "embeddings": vectors.tolist()}, sys.stdout)
         print()
@@ -114,6 +133,13 @@ def parser() -> argparse.ArgumentParser:
                                    "(default: the bundled all-MiniLM-L6-v2)")
     b.add_argument("--weights", help="image ensembles: local weights file")
     b.add_argument("--fp16", action="store_true", help="TensorRT plans in fp16")
+    b.add_argument("--serving", action="append", metavar="KEY=VALUE",
+                   help="override a serving setting of the recipe, e.g. dynamic_batching=false, encoder_instances=2")
+    b.add_argument("--model-format", help="dali_inception: graphdef (default; Triton <= 25.02) or onnx (any Triton)")
+    b.add_argument("--env", action="store_true", help="pack each python model's environment (numpy + what it "
+                                                        "imports) into its folder, for SageMaker containers")
+    b.add_argument("--env-python", help="with --env: the target container's Python, e.g. 3.10 (default: this "
+                                        "interpreter's, which the local stub runs)")
     b.add_argument("--dist", default="dist")
     b.add_argument("--smoke", action="store_true", help="then serve it locally and show one real answer")
     b.set_defaults(func=cmd_build)
@@ -132,6 +158,12 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP host:port")
     i.add_argument("--model", default="bert")
     i.add_argument("--json", action="store_true", help="print all values as JSON")
+    i.add_argument("--mme", metavar="URL", help="invoke a multi-model endpoint through boto3's sagemaker-runtime "
+                                                "instead: the local MME's URL, or 'aws' for the real SageMaker")
+    i.add_argument("--target-model", help="with --mme: the tarball to invoke (X-Amzn-SageMaker-Target-Model)")
+    i.add_argument("--endpoint-name", default="local", help="with --mme: the endpoint (default local)")
+    i.add_argument("--format", choices=("json", "binary"), default="binary",
+                   help="with --mme: request body format (default binary+json)")
     i.set_defaults(func=cmd_infer)
 
     for module in COMMAND_MODULES:

@@ -28,3 +28,57 @@ def embed(url: str, model: str, texts: Sequence[str | bytes], client=None) -> np
     finally:
         if own:
             client.close()
+
+
+def image_input(images: Sequence[bytes], name: str = "IMAGE"):
+    """Encoded images as one UINT8 [n, longest] tensor, zero-padded (decoders stop at the image's end marker)."""
+    import tritonclient.http as http
+
+    if not images:
+        raise ValueError("no images to send")
+    longest = max(len(image) for image in images)
+    values = np.zeros((len(images), longest), dtype=np.uint8)
+    for row, image in zip(values, images):
+        row[:len(image)] = np.frombuffer(image, dtype=np.uint8)
+    tensor = http.InferInput(name, list(values.shape), "UINT8")
+    tensor.set_data_from_numpy(values, binary_data=True)
+    return tensor
+
+
+def scores(url: str, model: str, images: Sequence[bytes], client=None) -> np.ndarray:
+    """SCORES rows (FP32 [n, classes]) for `images`, sent as one request."""
+    import tritonclient.http as http
+
+    own = client is None
+    client = client or http.InferenceServerClient(url)
+    try:
+        output = http.InferRequestedOutput("SCORES", binary_data=True)
+        return client.infer(model, [image_input(images)], outputs=[output]).as_numpy("SCORES")
+    finally:
+        if own:
+            client.close()
+
+
+def classify(url: str, model: str, images: list[bytes], class_count: int = 5, client=None) -> list[list[str]]:
+    """Top `class_count` classes per image through Triton's classification extension, best first.
+
+    Each entry is Triton's "score:index:label" string (the label comes from the model's `label_filename`).
+    """
+    import tritonclient.http as http
+
+    own = client is None
+    client = client or http.InferenceServerClient(url)
+    try:
+        output = http.InferRequestedOutput("SCORES", binary_data=True, class_count=class_count)
+        result = client.infer(model, [image_input(images)], outputs=[output]).as_numpy("SCORES")
+    finally:
+        if own:
+            client.close()
+    return [[v.decode() if isinstance(v, bytes) else str(v) for v in row] for row in result.reshape(len(images), -1)]
+
+
+def sample_image(name: str = "chelsea.png") -> bytes:
+    """A real photograph shipped with scikit-image (default: Chelsea the tabby cat, PNG 451x300)."""
+    from importlib.resources import files
+
+    return files("skimage.data").joinpath(name).read_bytes()

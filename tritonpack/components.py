@@ -88,7 +88,7 @@ def framework_model(
             raise SpecError(f"{artifact.framework} has no portable runner; build {name} from its ONNX instead")
         params = {"framework": Artifact.RUNNER[artifact.framework], "artifact": filename,
                   "threads": str(threads)}
-        if artifact.framework == "torchscript":
+        if artifact.framework in ("torchscript", "graphdef"):  # the session needs the tensor names, in order
             params["input_order"] = ",".join(t.name for t in inputs)
             params["output_order"] = ",".join(t.name for t in outputs)
         # The runner pads the sequence axis across requests, so requests of different lengths batch together.
@@ -103,3 +103,44 @@ def framework_model(
                      instance_group=(InstanceGroup(instance_kind(target), instances),),
                      dynamic_batching=dynamic_batching, labelled_output=labelled_output, **native_options)
     return ModelFolder(spec, {f"{VERSION}/{filename}": artifact.path, **extra})
+
+
+@dataclass(frozen=True)
+class DaliPipeline:
+    """A DALI pipeline in the two forms the targets need (build/serialize_dali.py writes both).
+
+    `serialized`: `model.dali`, the CPU pipeline serialized at build time (cpu target and portable runner).
+    `source`: `dali.py` with an `@autoserialize` GPU pipeline (mixed decoding), serialized by the DALI backend at
+    load on the GPU server — a GPU pipeline cannot be serialized where CUDA is absent.
+    """
+
+    serialized: Path
+    source: Path
+
+
+def dali_model(
+    name: str,
+    pipeline: DaliPipeline,
+    target: str,
+    inputs: tuple[Tensor, ...],
+    outputs: tuple[Tensor, ...],
+    max_batch_size: int,
+    dynamic_batching: DynamicBatching | None = None,
+    threads: int = 1,
+) -> ModelFolder:
+    """The DALI backend (gpu: `1/dali.py`, KIND_GPU; cpu: `1/model.dali`, KIND_CPU) or, on portable, the python
+    `dali_runner` running the same `model.dali` with DALI on the CPU. Encoded inputs differ in length from
+    request to request, so they are ragged-batched."""
+    inputs = tuple(replace(t, allow_ragged_batch=True) for t in inputs)
+    params = {"num_threads": str(threads)}
+    if target == "portable":
+        spec = ModelSpec(name=name, backend="python", max_batch_size=max_batch_size, inputs=inputs, outputs=outputs,
+                         instance_group=(InstanceGroup("KIND_CPU", 1),), dynamic_batching=dynamic_batching,
+                         parameters={**params, "artifact": "model.dali"})
+        return python_model(spec, "dali_runner", {f"{VERSION}/model.dali": pipeline.serialized})
+    file = ("dali.py", pipeline.source) if target == "gpu" else ("model.dali", pipeline.serialized)
+    files = {f"{VERSION}/{file[0]}": file[1]}
+    spec = ModelSpec(name=name, backend="dali", max_batch_size=max_batch_size, inputs=inputs, outputs=outputs,
+                     instance_group=(InstanceGroup(instance_kind(target), 1),), dynamic_batching=dynamic_batching,
+                     parameters=params)
+    return ModelFolder(spec, files)

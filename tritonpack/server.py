@@ -6,6 +6,7 @@ the Python the models run in, so a backend directory is prepared once per interp
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -69,6 +70,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SHM_PREFIX = "triton_python_backend_shm_region"
+
+
+def _become_subreaper() -> None:
+    """Stubs orphaned when tritonserver exits are re-parented to this process instead of PID 1, which in a
+    container may never reap them (they would stay zombies); `TritonServer.stop` reaps them."""
+    with suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
 @dataclass
 class TritonServer:
     """A tritonserver process serving `model_repository`; use as a context manager.
@@ -85,6 +96,8 @@ class TritonServer:
     env: dict[str, str] = field(default_factory=dict)
     startup_timeout_s: float = 180.0
     process: subprocess.Popen | None = None
+    _stubs: dict[int, str] = field(default_factory=dict, repr=False)
+    _regions: set[str] = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
         self.http_port = self.http_port or free_port()
@@ -112,6 +125,7 @@ class TritonServer:
         return cmd + list(self.extra_args)
 
     def start(self, wait_ready: bool = True) -> TritonServer:
+        _become_subreaper()
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = server_library_path()
         # The stub runs in this interpreter's environment: make its site-packages and bin visible.
@@ -150,6 +164,7 @@ class TritonServer:
                     f"log: {self.log_path}\n{self.log_tail()}"
                 )
             if self.is_ready():
+                self.stub_models()
                 return
             time.sleep(0.2)
         self.stop()
@@ -177,22 +192,68 @@ class TritonServer:
                     continue
         return pids
 
+    def stub_shm_regions(self) -> set[str]:
+        """The /dev/shm regions of this server's python stubs seen so far (each stub's command line names one)."""
+        self.stub_models()
+        return set(self._regions)
+
+    def stub_models(self) -> dict[int, str]:
+        """pid → model folder of each python stub seen so far (remembered: a dead stub's cmdline is empty)."""
+        for pid in self.process_group_pids():
+            with suppress(OSError):
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if b"triton_python_backend_stub" in args[0] and len(args) > 1:
+                    self._stubs[pid] = Path(args[1].decode()).parent.parent.name
+                    self._regions.update(a.decode() for a in args if a.startswith(SHM_PREFIX.encode()))
+        return dict(self._stubs)
+
+    def dead_stubs(self) -> list[str]:
+        """Models whose python stub has died (now a zombie of tritonserver). Triton 2.51 keeps answering ready
+        for such a model while every request to it fails with 500 "Stub process ... is not healthy"."""
+        known = self.stub_models()
+        dead = []
+        for pid in self.process_group_pids():
+            with suppress(OSError, IndexError):
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    dead.append(known.get(pid, str(pid)))
+        return sorted(dead)
+
+    def _reap(self) -> None:
+        """Collect exited stubs re-parented to us (see `_become_subreaper`); others' children are left alone."""
+        for pid in self.process_group_pids():
+            with suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM lets Triton unload models and stop its stubs; anything left after the timeout is killed."""
+        """SIGTERM lets Triton unload models and stop its stubs; anything left after the timeout is killed.
+
+        Triton gives up unloading when its exit timeout passes (an idle keep-alive client connection holds it
+        that long) and then leaves its stubs' /dev/shm regions behind: those are removed here once the stubs
+        are gone, and the stubs are reaped, so nothing of the server outlives stop().
+        """
         if self.process is None:
             return
         pgid = self.process.pid
+        regions = self.stub_shm_regions()
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             with suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=timeout_s)
         deadline = time.monotonic() + 5
         while self.process_group_pids() and time.monotonic() < deadline:
+            self._reap()
             time.sleep(0.1)
         with suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
         if self.process.poll() is None:
             self.process.wait(timeout=5)
+        deadline = time.monotonic() + 5
+        while self.process_group_pids() and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(0.05)
+        for region in regions:
+            with suppress(OSError):
+                (Path("/dev/shm") / region).unlink()
 
     def __enter__(self) -> TritonServer:
         return self.start() if self.process is None else self

@@ -2,7 +2,8 @@
 
 A runner model executes a real artifact with its Python library behind the exact tensor contract the native
 backend would have. Inputs marked `allow_ragged_batch` carry a sequence axis that may differ between
-requests: they are padded to the longest, and outputs whose first dim is -1 are trimmed back per request.
+requests: requests of similar length are grouped (`length_groups`), each group is padded to its longest and run
+in one call, and outputs whose first dim is -1 are trimmed back per request.
 """
 
 from __future__ import annotations
@@ -14,6 +15,28 @@ import numpy as np
 from batched_requests import pad_and_concat, read_input, respond_all, split_rows
 
 PAD_VALUES = {"attention_mask": 0}
+MAX_PADDING_WASTE = 0.25  # a group of ragged requests may hold at most this fraction of padding tokens
+
+
+def length_groups(shapes: list[tuple[int, int]], max_waste: float = MAX_PADDING_WASTE) -> list[list[int]]:
+    """Indices of requests, shaped (rows, sequence length), grouped so each group's padding stays small.
+
+    Requests are sorted by length and a group grows while padding everyone to its longest wastes at most
+    `max_waste` of the group's tokens: one framework call per group instead of one for the whole batch padded
+    to its longest (short sentences batched with a long one cost as much as the long one).
+    """
+    order = sorted(range(len(shapes)), key=lambda i: shapes[i][1])
+    groups: list[list[int]] = []
+    rows = real = 0
+    for i in order:
+        n, length = shapes[i]
+        if groups and (rows + n) * length <= (1 + max_waste) * (real + n * length):
+            groups[-1].append(i)
+            rows, real = rows + n, real + n * length
+        else:
+            groups.append([i])
+            rows, real = n, n * length
+    return groups
 
 
 class FrameworkRunnerModel:
@@ -27,6 +50,7 @@ class FrameworkRunnerModel:
         self.input_names = [i["name"] for i in config["input"]]
         self.ragged = any(i.get("allow_ragged_batch") for i in config["input"])
         self.output_names = [o["name"] for o in config["output"]]
+        self.max_padding_waste = float(params.get("max_padding_waste", MAX_PADDING_WASTE))
         self.trimmed_outputs = {o["name"] for o in config["output"] if self.ragged and int(o["dims"][0]) == -1}
         path = os.path.join(args["model_repository"], args["model_version"], params["artifact"])
         self.session = self.open_session(path, params)
@@ -40,6 +64,16 @@ class FrameworkRunnerModel:
         return {name: read_input(self.pb_utils, request, name) for name in self.input_names}
 
     def _run(self, items):
+        if not self.ragged or len(items) == 1 or items[0][self.input_names[0]].ndim < 2:
+            return self._run_padded(items)
+        results: list = [None] * len(items)
+        shapes = [item[self.input_names[0]].shape[:2] for item in items]
+        for group in length_groups(shapes, self.max_padding_waste):
+            for i, result in zip(group, self._run_padded([items[i] for i in group])):
+                results[i] = result
+        return results
+
+    def _run_padded(self, items):
         batch = {n: pad_and_concat([item[n] for item in items], PAD_VALUES.get(n, 0)) for n in self.input_names}
         outputs = self.session(batch)
         sizes = [len(item[self.input_names[0]]) for item in items]

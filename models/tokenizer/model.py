@@ -28,7 +28,7 @@ class TritonPythonModel:
                            pb_utils.Logger)
 
     def _parse(self, request):
-        return decode_texts(read_input(pb_utils, request, "TEXT"), self.max_text_bytes)
+        return decode_texts(read_input(pb_utils, request, "TEXT"), self.max_text_bytes, self.max_batch_size)
 
     def _tensors(self, result):
         return [pb_utils.Tensor(name, result[name]) for name in self.output_names]

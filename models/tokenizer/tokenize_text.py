@@ -7,8 +7,13 @@ from batched_requests import ClientError
 from tokenizers import Tokenizer
 
 
-def decode_texts(array: np.ndarray, max_text_bytes: int) -> list[str]:
-    """A TYPE_STRING tensor [batch, 1] of bytes → str, rejecting bytes that are not UTF-8 or too long."""
+def decode_texts(array: np.ndarray, max_text_bytes: int, max_batch: int | None = None) -> list[str]:
+    """A TYPE_STRING tensor [batch, 1] of bytes → str, rejecting bytes that are not UTF-8 or too long.
+
+    Limits are checked before any decoding or tokenizing: the element count first, then each element's size.
+    """
+    if max_batch is not None and array.size > max_batch:
+        raise ClientError(f"TEXT has {array.size} elements, more than the limit of {max_batch}")
     texts = []
     for value in array.reshape(-1):
         raw = value if isinstance(value, bytes) else str(value).encode()

@@ -1,0 +1,138 @@
+"""Export ResNet-50 as TorchScript (`model.pt`) and ONNX (`model.onnx`), both checked against the eager model.
+
+    python build/export_resnet50.py OUT_DIR [--weights PATH] [--opset 17]
+
+Weights, first that applies:
+  --weights DIR    a transformers ResNet image-classification folder (e.g. a saved microsoft/resnet-50)
+  --weights FILE   a torchvision ResNet-50 state dict (.pth); needs an importable torchvision
+  (none)           torchvision's ImageNet weights if torchvision imports and has them cached, else the
+                   transformers `ResNetConfig()` ResNet-50 (1000 classes), randomly initialised with SEED —
+                   the same architecture and tensor contract, meaningless predictions.
+Both artifacts take FP32 [batch, 3, 224, 224] NCHW (ImageNet mean/std normalised) and return FP32
+[batch, 1000] logits; the batch axis is dynamic. TorchScript names follow pytorch_libtorch (INPUT__0 →
+OUTPUT__0); the ONNX (and the TensorRT plan built from it) uses `input` → `output`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+SEED = 0
+CLASSES = 1000
+IMAGE_SIZE = 224
+MAX_REL_DIFF = 1e-4  # of the export against the eager forward, relative to the largest |logit|
+ONNX_NAMES = ("input", "output")
+
+
+def load_module(weights: str | None):
+    """(eval-mode module returning logits, description of where the weights came from)."""
+    import torch
+
+    class Logits(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixels):
+            return self.model(pixel_values=pixels).logits
+
+    if weights and Path(weights).is_dir():
+        from transformers import ResNetForImageClassification
+
+        model = ResNetForImageClassification.from_pretrained(weights, local_files_only=True)
+        if model.config.num_labels != CLASSES:
+            raise ValueError(f"{weights}: {model.config.num_labels} classes, expected {CLASSES}")
+        return Logits(model).eval(), f"transformers folder {weights}"
+    if weights:
+        resnet50 = _torchvision_resnet50()
+        if resnet50 is None:
+            raise RuntimeError(f"--weights {weights}: a state dict needs torchvision, which does not import here; "
+                               "pass a transformers ResNet folder instead")
+        model = resnet50()
+        model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+        return model.eval(), f"torchvision state dict {weights}"
+    resnet50 = _torchvision_resnet50()
+    if resnet50 is not None:
+        try:
+            from torchvision.models import ResNet50_Weights
+
+            return resnet50(weights=ResNet50_Weights.IMAGENET1K_V2).eval(), "torchvision IMAGENET1K_V2"
+        except Exception as e:  # noqa: BLE001 - offline or not cached: fall through to the random model
+            print(f"torchvision weights unavailable ({type(e).__name__}); using a random ResNet-50", file=sys.stderr)
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch.manual_seed(SEED)
+    model = ResNetForImageClassification(ResNetConfig(num_labels=CLASSES))
+    return Logits(model).eval(), f"transformers ResNetConfig() ResNet-50, random init, seed {SEED}"
+
+
+def _torchvision_resnet50():
+    try:
+        from torchvision.models import resnet50
+    except Exception:  # noqa: BLE001 - torchvision from the registry fails at import with the CPU torch here
+        return None
+    return resnet50
+
+
+def check_batch(batch: int = 3) -> np.ndarray:
+    rng = np.random.default_rng(SEED)
+    return rng.standard_normal((batch, 3, IMAGE_SIZE, IMAGE_SIZE)).astype(np.float32)
+
+
+def max_rel_diff(expected: np.ndarray, actual: np.ndarray) -> float:
+    return float(np.abs(expected - actual).max() / max(np.abs(expected).max(), 1e-12))
+
+
+def export(out_dir: Path, weights: str | None = None, opset: int = 17) -> dict[str, Path]:
+    """Write model.pt, model.onnx and export.json into out_dir; raises if either export differs from eager."""
+    import onnxruntime as ort
+    import torch
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    module, origin = load_module(weights)
+    pixels = check_batch()
+    example = torch.from_numpy(pixels)
+    with torch.inference_mode():
+        expected = module(example).numpy()
+
+    pt_path = out_dir / "model.pt"
+    with torch.no_grad():
+        traced = torch.jit.trace(module, example[:1], strict=False)
+    traced.save(str(pt_path))
+    with torch.inference_mode():
+        pt_diff = max_rel_diff(expected, torch.jit.load(str(pt_path))(example).numpy())
+
+    onnx_path = out_dir / "model.onnx"
+    name_in, name_out = ONNX_NAMES
+    torch.onnx.export(module, (example[:1],), str(onnx_path), input_names=[name_in], output_names=[name_out],
+                      dynamic_axes={name_in: {0: "batch"}, name_out: {0: "batch"}}, opset_version=opset,
+                      dynamo=False)
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    onnx_diff = max_rel_diff(expected, session.run(None, {name_in: pixels})[0])
+    for name, diff in (("TorchScript", pt_diff), ("ONNX", onnx_diff)):
+        if not diff <= MAX_REL_DIFF:
+            raise RuntimeError(f"{name} export of ResNet-50 differs from eager by {diff:.2e} > {MAX_REL_DIFF}")
+    (out_dir / "export.json").write_text(json.dumps(
+        {"weights": origin, "opset": opset, "max_rel_diff": {"torchscript": pt_diff, "onnx": onnx_diff}},
+        indent=2) + "\n")
+    print(f"exported ResNet-50 ({origin}): TorchScript max rel diff {pt_diff:.1e}, ONNX {onnx_diff:.1e}")
+    return {"torchscript": pt_path, "onnx": onnx_path}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--weights")
+    parser.add_argument("--opset", type=int, default=17)
+    args = parser.parse_args(argv)
+    export(args.out_dir, args.weights, args.opset)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Run a serialized DALI pipeline (`model.dali`) on the CPU, as Triton's DALI backend would with KIND_CPU.
+
+Imports numpy and DALI only. A DALI pipeline is unusable after an operator fails (e.g. an undecodable image),
+so a failed run rebuilds it from the serialized bytes before reporting the failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class PipelineRunFailed(RuntimeError):
+    """DALI could not process the batch; for an image pipeline, almost always an undecodable sample."""
+
+
+class SerializedPipeline:
+    def __init__(self, serialized: bytes, input_name: str, max_batch_size: int, num_threads: int = 1):
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        self.serialized = serialized
+        self.input_name = input_name
+        self.max_batch_size = max_batch_size
+        self.num_threads = max(1, num_threads)
+        self._pipe = self._build()
+
+    @classmethod
+    def from_file(cls, path: str, **kwargs) -> SerializedPipeline:
+        with open(path, "rb") as f:
+            return cls(f.read(), **kwargs)
+
+    def _build(self):
+        from nvidia.dali import Pipeline
+
+        # Synchronous and without prefetching: one feed_input, one run, one output batch.
+        pipe = Pipeline.deserialize(serialized_pipeline=self.serialized, batch_size=self.max_batch_size,
+                                    num_threads=self.num_threads, device_id=None, prefetch_queue_depth=1,
+                                    exec_async=False, exec_pipelined=False)
+        pipe.build()
+        return pipe
+
+    def run(self, samples: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The pipeline's first output for each sample (1-D uint8 arrays), in order."""
+        outputs: list[np.ndarray] = []
+        for start in range(0, len(samples), self.max_batch_size):
+            outputs.extend(self._run_chunk(samples[start:start + self.max_batch_size]))
+        return outputs
+
+    def _run_chunk(self, samples: Sequence[np.ndarray]) -> list[np.ndarray]:
+        try:
+            self._pipe.feed_input(self.input_name, [np.ascontiguousarray(s, dtype=np.uint8) for s in samples])
+            result = self._pipe.run()[0]
+        except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError subclasses with multi-line text
+            self._pipe = self._build()
+            raise PipelineRunFailed(_first_line(e)) from None
+        return [np.array(result[i]) for i in range(len(samples))]
+
+
+def _first_line(error: Exception) -> str:
+    """The line of DALI's multi-line error that names the failure, without its pipeline traceback."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return next((line for line in lines if "fail" in line.lower()), lines[-1] if lines else type(error).__name__)
+
+
+def rows_to_samples(array: np.ndarray) -> list[np.ndarray]:
+    """An IMAGE input of shape [n, bytes] (zero-padded to the longest) → n 1-D samples.
+
+    JPEG and PNG decoders stop at their end marker, so trailing padding is harmless and kept.
+    """
+    if array.ndim != 2:
+        raise ValueError(f"expected IMAGE of shape [batch, bytes], got {list(array.shape)}")
+    if array.dtype != np.uint8:
+        raise ValueError(f"expected IMAGE as UINT8, got {array.dtype}")
+    samples = [array[i] for i in range(array.shape[0])]
+    for i, sample in enumerate(samples):
+        if sample.size == 0 or not sample.any():
+            raise ValueError(f"IMAGE[{i}] is empty")
+    return samples

@@ -1,0 +1,52 @@
+"""Image dimensions from the JPEG/PNG header, read before any decoding (decompression-bomb guard).
+
+Copied beside each python model's `model.py` at build time; standard library only.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from batched_requests import ClientError
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# SOFn markers carry the frame size; C4 (DHT), C8 (JPG) and CC (DAC) share the range but are not frames.
+JPEG_FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) claimed by a PNG or JPEG header; None when the format is not recognised."""
+    if data[:8] == PNG_SIGNATURE and len(data) >= 24 and data[12:16] == b"IHDR":
+        return struct.unpack(">II", data[16:24])
+    if data[:2] != b"\xff\xd8":
+        return None
+    i = 2
+    while i + 4 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            i += 2
+            continue
+        if marker in JPEG_FRAME_MARKERS:
+            if i + 9 > len(data):
+                return None
+            height, width = struct.unpack(">HH", data[i + 5:i + 9])
+            return width, height
+        if marker in (0xD9, 0xDA):  # end of image, or scan data before any frame header
+            return None
+        i += 2 + struct.unpack(">H", data[i + 2:i + 4])[0]
+    return None
+
+
+def check_image_pixels(data: bytes, max_pixels: int, name: str = "IMAGE") -> None:
+    """Raise ClientError when the header claims more than `max_pixels` pixels (0 disables the check)."""
+    if max_pixels <= 0:
+        return
+    size = image_size(data)
+    if size is not None and size[0] * size[1] > max_pixels:
+        raise ClientError(f"{name} header claims {size[0]}x{size[1]} = {size[0] * size[1]} pixels, more than "
+                          f"the limit of {max_pixels}")

@@ -1,0 +1,145 @@
+"""Archive safety: hostile tarballs are refused with the exact reason, before anything is written."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import random
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tritonpack.archive import ArchiveError, ArchiveLimits, Problem, archive_problems, safe_extract
+
+SMALL = ArchiveLimits(max_members=50, max_total_bytes=4 << 20, max_member_bytes=2 << 20, max_ratio=50,
+                      ratio_floor_bytes=1 << 20)
+
+
+def member(name: str, data: bytes | None = b"x", kind: bytes = tarfile.REGTYPE, link: str = "",
+           size: int | None = None) -> tuple[tarfile.TarInfo, bytes | None]:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = link
+    info.mode = 0o755 if kind == tarfile.DIRTYPE else 0o644
+    if kind == tarfile.REGTYPE:
+        info.size = len(data) if size is None else size
+    return info, data if kind == tarfile.REGTYPE else None
+
+
+def make_tar(path: Path, members, gz: bool = True) -> Path:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    path.write_bytes(gzip.compress(raw.getvalue(), mtime=0) if gz else raw.getvalue())
+    return path
+
+
+NOISE = random.Random(0).randbytes(6 << 20)  # incompressible, so only the size limits apply
+GOOD = [member("m", None, tarfile.DIRTYPE), member("m/config.pbtxt", b'name: "m"\n'),
+        member("m/1/model.py", b"print()\n")]
+
+HOSTILE = {
+    "traversal": ([member("m/../../evil.txt")], Problem("m/../../evil.txt", "path", "'..' leads outside the archive")),
+    "absolute": ([member("/tmp/evil.txt")], Problem("/tmp/evil.txt", "path", "absolute path")),
+    "symlink_out": ([member("m/link", None, tarfile.SYMTYPE, "../../etc")],
+                    Problem("m/link", "link", "symlink to ../../etc leads outside the archive")),
+    "symlink_absolute": ([member("m/link", None, tarfile.SYMTYPE, "/etc/passwd")],
+                         Problem("m/link", "link", "symlink to /etc/passwd leads outside the archive")),
+    "write_through_link": ([member("m/dir", None, tarfile.SYMTYPE, "sub"), member("m/dir/file")],
+                           Problem("m/dir/file", "path", "inside m/dir, which is a link")),
+    "hardlink_out": ([member("m/hard", None, tarfile.LNKTYPE, "../../etc/passwd")],
+                     Problem("m/hard", "link", "hard link to ../../etc/passwd leads outside the archive")),
+    "hardlink_absolute": ([member("m/hard", None, tarfile.LNKTYPE, "/etc/passwd")],
+                          Problem("m/hard", "link", "hard link to /etc/passwd leads outside the archive")),
+    "hardlink_dangling": ([member("m/hard", None, tarfile.LNKTYPE, "m/none")],
+                          Problem("m/hard", "link", "hard link to m/none, which is not an earlier file here")),
+    "file_over_folder": ([member("m/sub/file"), member("m/sub")],
+                         Problem("m/sub", "path", "not a folder, but earlier entries are inside it")),
+    "char_device": ([member("m/null", None, tarfile.CHRTYPE)], Problem("m/null", "type", "device file")),
+    "block_device": ([member("m/sda", None, tarfile.BLKTYPE)], Problem("m/sda", "type", "device file")),
+    "fifo": ([member("m/pipe", None, tarfile.FIFOTYPE)], Problem("m/pipe", "type", "FIFO")),
+    "duplicate": ([member("m/config.pbtxt", b"a"), member("./m/config.pbtxt", b"b")],
+                  Problem("./m/config.pbtxt", "path", "duplicate entry (a later member would overwrite an earlier "
+                                                      "one)")),
+    "bomb_by_count": ([member(f"m/f{i}") for i in range(51)],
+                      Problem("hostile.tar.gz", "members", "more than 50 entries (limit max_members)")),
+    "bomb_by_member_size": ([member("m/big", NOISE[:3 << 20])],
+                            Problem("m/big", "size", f"{3 << 20} bytes is above the {2 << 20} byte limit "
+                                                     f"(max_member_bytes)")),
+    "bomb_by_total_size": ([member(f"m/part{i}", NOISE[i << 20:(i << 20) + (3 << 19)]) for i in range(3)],
+                           Problem("hostile.tar.gz", "size", f"members declare more than {4 << 20} bytes "
+                                                             f"(limit max_total_bytes)")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_archive_problems_name_file_field_reason_when_tarball_is_hostile(tmp_path, case):
+    members, expected = HOSTILE[case]
+    tar = make_tar(tmp_path / "hostile.tar.gz", GOOD + members)
+    assert expected in archive_problems(tar, SMALL)
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_safe_extract_writes_nothing_when_tarball_is_hostile(tmp_path, case):
+    members, expected = HOSTILE[case]
+    tar = make_tar(tmp_path / "hostile.tar.gz", GOOD + members)
+    root = tmp_path / "root"
+    (root / "cache").mkdir(parents=True)
+    with pytest.raises(ArchiveError) as refused:
+        safe_extract(tar, root / "cache" / "model", SMALL)
+    assert expected in refused.value.problems
+    assert [p for p in root.rglob("*")] == [root / "cache"]  # no staging folder, no file, anywhere
+    assert not (tmp_path / "evil.txt").exists()
+
+
+def test_archive_problems_stop_early_when_gzip_is_a_ratio_bomb(tmp_path):
+    # 64 MiB of zeros in one member that declares a modest size per entry: caught by the ratio, mid-stream
+    limits = ArchiveLimits(max_ratio=100, ratio_floor_bytes=8 << 20)
+    tar = make_tar(tmp_path / "bomb.tar.gz", [member(f"m/zeros{i}", bytes(16 << 20)) for i in range(4)])
+    assert tar.stat().st_size < 1 << 20
+    problems = archive_problems(tar, limits)
+    assert len(problems) == 1 and problems[0].file == "bomb.tar.gz" and problems[0].field == "size"
+    assert problems[0].reason.startswith("compression ratio above 100 ")
+
+
+def test_archive_problems_flag_unreadable_archive_when_bytes_are_not_a_tar(tmp_path):
+    bad = tmp_path / "bad.tar.gz"
+    bad.write_bytes(gzip.compress(b"not a tar at all" * 100))
+    [problem] = archive_problems(bad)
+    assert (problem.file, problem.field) == ("bad.tar.gz", "archive")
+    assert problem.reason.startswith("not a readable tar or tar.gz")
+
+
+def test_safe_extract_places_every_file_when_tarball_is_safe(tmp_path):
+    tar = make_tar(tmp_path / "good.tar.gz", GOOD + [member("m/1/inner", None, tarfile.SYMTYPE, "model.py")])
+    dest = safe_extract(tar, tmp_path / "out" / "model", SMALL)
+    assert (dest / "m" / "config.pbtxt").read_text() == 'name: "m"\n'
+    assert (dest / "m" / "1" / "model.py").read_bytes() == b"print()\n"
+    assert os.readlink(dest / "m" / "1" / "inner") == "model.py"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model"]  # staging renamed away
+
+
+def test_safe_extract_accepts_plain_tar_when_not_gzipped(tmp_path):
+    tar = make_tar(tmp_path / "good.tar", GOOD, gz=False)
+    assert archive_problems(tar) == []
+    assert (safe_extract(tar, tmp_path / "out") / "m" / "1" / "model.py").exists()
+
+
+def test_safe_extract_refuses_when_destination_exists(tmp_path):
+    tar = make_tar(tmp_path / "good.tar.gz", GOOD)
+    (tmp_path / "out").mkdir()
+    with pytest.raises(FileExistsError):
+        safe_extract(tar, tmp_path / "out")
+    assert (safe_extract(tar, tmp_path / "out", replace=True) / "m" / "config.pbtxt").exists()
+
+
+def test_problem_prints_one_line_when_converted_to_str():
+    assert str(Problem("bert/config.pbtxt", "line 3", "bad")) == "bert/config.pbtxt: line 3: bad"
+
+
+def test_archive_limits_reject_nonpositive_values_when_configured():
+    with pytest.raises(ValueError):
+        ArchiveLimits(max_members=0)

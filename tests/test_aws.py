@@ -1,0 +1,138 @@
+"""`tritonpack upload` and `deploy` against moto's server mode on loopback (real HTTP S3/SageMaker APIs)."""
+
+from __future__ import annotations
+
+import os
+
+import boto3
+import pytest
+
+from tests import mme_support
+from tritonpack import aws, cli
+
+aws_env, moto_server = mme_support.aws_env, mme_support.moto_server  # shared session fixtures
+
+ROLE = "arn:aws:iam::123456789012:role/sagemaker-execution"
+
+
+@pytest.fixture
+def s3(moto_server):
+    client = boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1")
+    return client
+
+
+@pytest.fixture
+def bucket(s3, request):
+    name = request.node.name.lower().replace("_", "-")[:50].strip("-")
+    s3.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def tarball(tmp_path):
+    path = tmp_path / "bert-portable.tar.gz"
+    path.write_bytes(os.urandom(3000))
+    return path
+
+
+def keys(s3, bucket: str, prefix: str = "") -> list[str]:
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+def test_upload_names_copies_stem_index_when_copies_given(moto_server, s3, bucket, tarball, capsys):
+    code = cli.main(["upload", str(tarball), f"s3://{bucket}/mme/", "--copies", "12", "--endpoint-url", moto_server])
+    assert code == 0
+    assert keys(s3, bucket) == sorted(f"mme/bert-portable-{i}.tar.gz" for i in range(12))
+    body = s3.get_object(Bucket=bucket, Key="mme/bert-portable-11.tar.gz")["Body"].read()
+    assert body == tarball.read_bytes()
+    err = capsys.readouterr().err
+    assert "100%" in err and "12/12 objects" in err and "uploaded 12 objects" in err
+
+
+def test_upload_keeps_names_when_one_copy_of_several_tarballs(moto_server, s3, bucket, tmp_path):
+    paths = []
+    for name in ("a.tar.gz", "b.tar.gz"):
+        paths.append(tmp_path / name)
+        paths[-1].write_bytes(name.encode() * 10)
+    aws.upload(paths, f"s3://{bucket}", endpoint_url=moto_server, progress=False)
+    assert keys(s3, bucket) == ["a.tar.gz", "b.tar.gz"]
+
+
+def test_upload_goes_multipart_when_tarball_is_above_chunk_size(moto_server, s3, bucket, tmp_path):
+    big = tmp_path / "big.tar.gz"
+    big.write_bytes(os.urandom(11 * aws.MIB))
+    result = aws.upload([big], f"s3://{bucket}/p", copies=2, endpoint_url=moto_server, chunk_bytes=5 * aws.MIB,
+                        progress=False)
+    assert result.urls == [f"s3://{bucket}/p/big-0.tar.gz", f"s3://{bucket}/p/big-1.tar.gz"]
+    head = s3.head_object(Bucket=bucket, Key="p/big-0.tar.gz")
+    assert head["ContentLength"] == 11 * aws.MIB
+    assert head["ETag"].strip('"').endswith("-3"), head["ETag"]  # three parts
+    assert s3.get_object(Bucket=bucket, Key="p/big-1.tar.gz")["Body"].read() == big.read_bytes()
+
+
+def test_upload_raises_when_destination_is_not_s3(tarball):
+    with pytest.raises(ValueError, match="s3://bucket/prefix"):
+        aws.upload([tarball], "bucket/prefix", progress=False)
+
+
+def test_triton_image_uri_uses_region_account_when_region_is_published():
+    assert aws.triton_image_uri("us-east-1", "24.09") == \
+        "763104351884.dkr.ecr.us-east-1.amazonaws.com/sagemaker-tritonserver:24.09-py3"
+    assert aws.triton_image_uri("cn-north-1", "24.05").startswith("727897471807.dkr.ecr.cn-north-1.amazonaws.com.cn/")
+    with pytest.raises(ValueError, match="no SageMaker Triton image"):
+        aws.triton_image_uri("mars-east-1")
+
+
+def deploy_args(name: str, *extra: str) -> list[str]:
+    return ["deploy", "--name", name, "--model-data-url", "s3://models/mme/", "--role", ROLE, "--region",
+            "us-east-1", *extra]
+
+
+def test_deploy_creates_multimodel_endpoint_and_scaling_when_run_against_moto(moto_server, capsys):
+    # moto validates instance types against an older list than SageMaker has: ml.g4dn is in both.
+    code = cli.main(deploy_args("mme-ep", "--max-instances", "4", "--instance-type", "ml.g4dn.xlarge",
+                                "--endpoint-url", moto_server))
+    assert code == 0
+    out = capsys.readouterr().out
+    sm = boto3.client("sagemaker", endpoint_url=moto_server, region_name="us-east-1")
+    model = sm.describe_model(ModelName="mme-ep-model")
+    container = model["PrimaryContainer"]
+    assert container["Mode"] == "MultiModel" and container["ModelDataUrl"] == "s3://models/mme/"
+    assert container["Image"] == aws.triton_image_uri("us-east-1")
+    config = sm.describe_endpoint_config(EndpointConfigName="mme-ep-config")
+    assert config["ProductionVariants"][0]["ModelName"] == "mme-ep-model"
+    assert sm.describe_endpoint(EndpointName="mme-ep")["EndpointConfigName"] == "mme-ep-config"
+    scaling = boto3.client("application-autoscaling", endpoint_url=moto_server, region_name="us-east-1")
+    (policy,) = scaling.describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"]
+    tracking = policy["TargetTrackingScalingPolicyConfiguration"]
+    assert policy["ResourceId"] == "endpoint/mme-ep/variant/AllTraffic"
+    assert tracking["TargetValue"] == 60.0
+    assert tracking["CustomizedMetricSpecification"]["MetricName"] == "GPUUtilization"
+    (target,) = scaling.describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"]
+    assert (target["MinCapacity"], target["MaxCapacity"]) == (1, 4)
+    for line in ("create_model: arn:", "create_endpoint_config: arn:", "create_endpoint: arn:", "put_scaling_policy"):
+        assert line in out
+
+
+def test_deploy_prints_calls_and_creates_nothing_when_dry_run(moto_server, capsys):
+    code = cli.main(deploy_args("dry-ep", "--max-instances", "2", "--scaling-metric", "invocations",
+                                "--endpoint-url", moto_server, "--dry-run"))
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "# dry run: 5 calls" in out
+    for call in ("sagemaker.create_model(", "sagemaker.create_endpoint_config(", "sagemaker.create_endpoint(",
+                 "application-autoscaling.register_scalable_target(", "application-autoscaling.put_scaling_policy("):
+        assert call in out
+    assert '"Mode": "MultiModel"' in out and "SageMakerVariantInvocationsPerInstance" in out
+    sm = boto3.client("sagemaker", endpoint_url=moto_server, region_name="us-east-1")
+    assert not [e for e in sm.list_endpoints()["Endpoints"] if e["EndpointName"] == "dry-ep"]
+
+
+def test_deploy_plan_has_no_scaling_calls_when_max_instances_not_given():
+    spec = aws.DeploySpec("x", "s3://b/p/", ROLE, "eu-west-1", environment={"A": "1"})
+    calls = aws.deploy_plan(spec)
+    assert [c.operation for c in calls] == ["create_model", "create_endpoint_config", "create_endpoint"]
+    assert calls[0].params["PrimaryContainer"]["Environment"]["A"] == "1"
+    with pytest.raises(ValueError, match="s3://"):
+        aws.DeploySpec("x", "b/p", ROLE, "eu-west-1")

@@ -1,0 +1,269 @@
+"""`tritonpack check`: a corpus of broken repositories, each failing with its exact file, field and reason."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tritonpack.archive import ArchiveLimits, Problem
+from tritonpack.check import check
+from tritonpack.cli import main
+from tritonpack.repository import sha256_file, write_tarball
+from tritonpack.spec import EnsembleStep, ModelSpec, Tensor
+
+
+def fake_env(path: Path, python: str) -> Path:
+    """A packed-env-shaped tarball (venv-pack layout) for `python`."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in ((f"lib/python{python}/site-packages/probe.py", b"X = 1\n"),
+                           ("pyvenv.cfg", f"home = /usr/bin\nversion = {python}.4\n".encode())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("bin/python")
+        link.type, link.linkname = tarfile.SYMTYPE, f"/usr/bin/python{python}"
+        tar.addfile(link)
+    return path
+
+
+def specs(env: str | None = None) -> list[ModelSpec]:
+    params = {"EXECUTION_ENV_PATH": env} if env else {}
+    pre = ModelSpec("pre", backend="python", max_batch_size=8, inputs=(Tensor("TEXT", "TYPE_STRING", (1,)),),
+                    outputs=(Tensor("IDS", "TYPE_INT64", (-1,)),), parameters=params)
+    enc = ModelSpec("enc", platform="onnxruntime_onnx", max_batch_size=8, inputs=(Tensor("IDS", "TYPE_INT64", (-1,)),),
+                    outputs=(Tensor("OUT", "TYPE_FP32", (4,)),))
+    ens = ModelSpec("ens", platform="ensemble", max_batch_size=8, inputs=(Tensor("TEXT", "TYPE_STRING", (1,)),),
+                    outputs=(Tensor("OUT", "TYPE_FP32", (4,)),),
+                    ensemble_steps=(EnsembleStep("pre", {"TEXT": "TEXT"}, {"IDS": "ids"}),
+                                    EnsembleStep("enc", {"IDS": "ids"}, {"OUT": "OUT"})))
+    return [pre, enc, ens]
+
+
+def write_repo(root: Path, env_python: str | None = None, manifest_python: str | None = "3.11") -> Path:
+    env = "$$TRITON_MODEL_DIRECTORY/env.tar.gz" if env_python else None
+    for spec in specs(env):
+        (root / spec.name / "1").mkdir(parents=True)
+        (root / spec.name / "config.pbtxt").write_text(spec.render())
+    (root / "pre" / "1" / "model.py").write_text("import numpy\n")
+    (root / "enc" / "1" / "model.onnx").write_bytes(b"onnx bytes")
+    if env_python:
+        fake_env(root / "pre" / "env.tar.gz", env_python)
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    manifest = {"ensemble": "ens", "python_version": manifest_python, "sagemaker_triton_default_model_name": "ens",
+                "sha256": {p.relative_to(root).as_posix(): sha256_file(p) for p in files}}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return root
+
+
+def rewrite(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new))
+
+
+def refresh_manifest(root: Path) -> None:
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["sha256"] = {p.relative_to(root).as_posix(): sha256_file(p) for p in sorted(root.rglob("*"))
+                          if p.is_file() and p.name != "manifest.json"}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
+def bad_pbtxt(root):
+    (root / "pre" / "config.pbtxt").write_text('name: "pre"\nbackend: "python"\nmax_batch_size: 8\nbogus: 1\n')
+
+
+def missing_artifact(root):
+    (root / "enc" / "1" / "model.onnx").unlink()
+    (root / "enc" / "1" / "README").write_text("not the model")
+
+
+def empty_version(root):
+    (root / "pre" / "1" / "model.py").unlink()
+
+
+def non_numeric_version(root):
+    (root / "enc" / "1").rename(root / "enc" / "latest")
+
+
+def two_ensembles(root):
+    shutil.copytree(root / "ens", root / "ens2")
+    rewrite(root / "ens2" / "config.pbtxt", 'name: "ens"', 'name: "ens2"')
+
+
+def no_ensemble(root):
+    shutil.rmtree(root / "ens")
+
+
+def dtype_mismatch(root):
+    rewrite(root / "enc" / "config.pbtxt", "TYPE_INT64", "TYPE_INT32")
+
+
+def name_mismatch(root):
+    rewrite(root / "enc" / "config.pbtxt", 'name: "enc"', 'name: "encoder"')
+
+
+def missing_config(root):
+    (root / "stray" / "1").mkdir(parents=True)
+    (root / "stray" / "1" / "model.py").write_text("")
+
+
+def env_escapes(root):
+    rewrite(root / "pre" / "config.pbtxt", "$$TRITON_MODEL_DIRECTORY/env.tar.gz",
+            "$$TRITON_MODEL_DIRECTORY/../env.tar.gz")
+
+
+def env_absolute(root):
+    rewrite(root / "pre" / "config.pbtxt", "$$TRITON_MODEL_DIRECTORY/env.tar.gz", "/opt/envs/env.tar.gz")
+
+
+def env_missing(root):
+    (root / "pre" / "env.tar.gz").unlink()
+
+
+def env_python_mismatch(root):
+    fake_env(root / "pre" / "env.tar.gz", "3.10")
+
+
+def artifact_changed(root):
+    (root / "enc" / "1" / "model.onnx").write_bytes(b"other bytes")
+
+
+ENV_FIELD = "parameters.EXECUTION_ENV_PATH"
+CORPUS = {  # name → (mutation, needs an env in the repository, expected problem)
+    "bad_pbtxt": (bad_pbtxt, False, Problem("pre/config.pbtxt", "line 4 column 1",
+                                            'Message type "inference.ModelConfig" has no field named "bogus".')),
+    "missing_artifact": (missing_artifact, False, Problem(
+        "enc/1/model.onnx", "platform", "missing: onnxruntime_onnx loads model.onnx from each version folder")),
+    "empty_version": (empty_version, False, Problem("pre/1", "version", "empty version folder")),
+    "non_numeric_version": (non_numeric_version, False,
+                            Problem("enc/latest", "version", "version folder names must be numbers")),
+    "two_ensembles": (two_ensembles, False, Problem("REPO", "ensemble", "2 ensembles (ens, ens2); an MME tarball "
+                                                                        "needs exactly one")),
+    "no_ensemble": (no_ensemble, False, Problem("REPO", "ensemble", "2 model folders but no ensemble; the MME loads "
+                                                                    "the folder whose config says platform: "
+                                                                    "\"ensemble\"")),
+    "dtype_mismatch": (dtype_mismatch, False, Problem("ens/config.pbtxt", "ensemble_scheduling.step[1] (enc)."
+                                                      "input_map[IDS]", "tensor ids: pre.IDS gives TYPE_INT64, "
+                                                                        "needs TYPE_INT32")),
+    "name_mismatch": (name_mismatch, False, Problem("enc/config.pbtxt", "name", "'encoder' differs from its folder "
+                                                                               "name 'enc'")),
+    "missing_config": (missing_config, False, Problem("stray/config.pbtxt", "file", "missing: every top-level "
+                                                                                     "folder must be a model folder")),
+    "env_escapes": (env_escapes, True, Problem("pre/config.pbtxt", ENV_FIELD, "'$$TRITON_MODEL_DIRECTORY/../env."
+                                                                              "tar.gz' leads outside the model "
+                                                                              "folder pre/")),
+    "env_absolute": (env_absolute, True, Problem("pre/config.pbtxt", ENV_FIELD, "'/opt/envs/env.tar.gz' must start "
+                                                                                "with $$TRITON_MODEL_DIRECTORY/ so "
+                                                                                "the env travels inside the model "
+                                                                                "folder")),
+    "env_missing": (env_missing, True, Problem("pre/config.pbtxt", ENV_FIELD, "'$$TRITON_MODEL_DIRECTORY/env.tar."
+                                                                              "gz': pre/env.tar.gz does not exist")),
+    "env_python_mismatch": (env_python_mismatch, True, Problem(
+        "pre/env.tar.gz", "python", "env has Python 3.10 but the target's stub runs 3.11 (manifest.json "
+                                    "python_version)")),
+    "artifact_changed": (artifact_changed, False, Problem("enc/1/model.onnx", "sha256", "differs from manifest.json "
+                                                                                        "(changed after the build)")),
+}
+
+
+def as_tarball(root: Path) -> Path:
+    return write_tarball(root, root.with_name(root.name + ".tar.gz"))
+
+
+@pytest.mark.parametrize("form", ["folder", "tarball"])
+def test_check_passes_when_repository_is_well_formed(tmp_path, form):
+    root = write_repo(tmp_path / "repo", env_python="3.11")
+    report = check(root if form == "folder" else as_tarball(root))
+    assert report.problems == [] and report.warnings == []
+    assert (report.ok, report.ensemble, report.models) == (True, "ens", ["enc", "ens", "pre"])
+
+
+@pytest.mark.parametrize("form", ["folder", "tarball"])
+@pytest.mark.parametrize("case", sorted(CORPUS))
+def test_check_names_file_field_reason_when_repository_is_broken(tmp_path, case, form):
+    mutate, with_env, expected = CORPUS[case]
+    root = write_repo(tmp_path / "repo", env_python="3.11" if with_env else None)
+    mutate(root)
+    if case != "artifact_changed":
+        refresh_manifest(root)  # each case breaks exactly one thing
+    path = root if form == "folder" else as_tarball(root)
+    if expected.file == "REPO":
+        expected = Problem(path.name, expected.field, expected.reason)
+    report = check(path)
+    assert expected in report.problems, "\n".join(map(str, report.problems))
+    assert not report.ok
+
+
+def test_check_compares_env_python_with_container_when_container_is_given(tmp_path):
+    root = write_repo(tmp_path / "repo", env_python="3.11")
+    [problem] = check(root, container="24.10").problems
+    assert problem == Problem("pre/env.tar.gz", "python", "env has Python 3.11 but the target's stub runs 3.10 "
+                                                          "(Triton container 24.10)")
+    assert check(root, python="3.11").ok
+
+
+def test_check_rejects_env_when_packed_env_is_hostile(tmp_path):
+    root = write_repo(tmp_path / "repo", env_python="3.11")
+    with tarfile.open(root / "pre" / "env.tar.gz", "w:gz") as tar:
+        info = tarfile.TarInfo("../../escape.py")
+        tar.addfile(info, io.BytesIO(b""))
+    refresh_manifest(root)
+    assert Problem("pre/env.tar.gz:../../escape.py", "path", "'..' leads outside the archive") in check(root).problems
+
+
+def test_check_warns_when_more_than_five_model_folders(tmp_path):
+    root = write_repo(tmp_path / "repo")
+    for i in range(3):
+        shutil.copytree(root / "enc", root / f"enc{i}")
+        rewrite(root / f"enc{i}" / "config.pbtxt", 'name: "enc"', f'name: "enc{i}"')
+    refresh_manifest(root)
+    report = check(root)
+    assert report.ok
+    assert Problem("repo", "models", "6 model folders (more than 5): each loads in every MME instance that serves "
+                                     "this target, slowing cold starts") in report.warnings
+
+
+def test_check_warns_when_python_model_imports_beyond_numpy_without_env(tmp_path):
+    root = write_repo(tmp_path / "repo")
+    (root / "pre" / "1" / "model.py").write_text("import numpy\nfrom tokenizers import Tokenizer\n")
+    refresh_manifest(root)
+    report = check(root)
+    assert report.ok
+    assert [w.field for w in report.warnings] == ["parameters.EXECUTION_ENV_PATH"]
+    assert "imports tokenizers" in report.warnings[0].reason
+
+
+def test_check_stops_at_archive_problems_when_tarball_is_hostile(tmp_path):
+    root = write_repo(tmp_path / "repo")
+    tar = as_tarball(root)
+    limits = ArchiveLimits(max_members=3)
+    report = check(tar, limits)
+    assert report.problems == [Problem("repo.tar.gz", "members", "more than 3 entries (limit max_members)")]
+
+
+def test_check_cli_prints_one_line_per_problem_when_not_deployable(tmp_path, capsys):
+    root = write_repo(tmp_path / "repo")
+    dtype_mismatch(root)
+    non_numeric_version(root)
+    refresh_manifest(root)
+    assert main(["check", str(root)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["enc/latest: version: version folder names must be numbers",
+                   "enc: version: no numeric version folder (e.g. 1/)",
+                   "ens/config.pbtxt: ensemble_scheduling.step[1] (enc).input_map[IDS]: tensor ids: pre.IDS gives "
+                   "TYPE_INT64, needs TYPE_INT32"]
+
+
+def test_check_cli_exits_zero_when_built_bert_is_deployable(build_ensemble, capsys):
+    result = build_ensemble("bert")
+    for path in (result.repository, result.tarball):
+        started = time.perf_counter()
+        assert main(["check", str(path)]) == 0, capsys.readouterr().out
+        assert time.perf_counter() - started < 60
+    assert capsys.readouterr().out == ""

@@ -1,0 +1,149 @@
+"""Packed environments: which model needs which, reproducible packing, and a real server really using one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tritonpack.archive import ArchiveLimits
+from tritonpack.check import check, inspect_env
+from tritonpack.components import Artifact, framework_model, python_model
+from tritonpack.env import (
+    EnvSpec,
+    container_python,
+    containers_for,
+    environment_for,
+    known_envs,
+    pack_env,
+    pack_prefix,
+    required_modules,
+)
+from tritonpack.spec import DynamicBatching, ModelSpec, Tensor
+
+PROBE_MODULE = "tritonpack_env_probe"  # exists only inside the packed env built below
+TEXT_ENV_LIMIT = 50_000_000
+
+
+def runner(framework: str, tmp_path: Path):
+    artifact = tmp_path / "model.bin"
+    artifact.write_bytes(b"")
+    return framework_model("enc", Artifact(framework, artifact), "portable", (Tensor("X", "TYPE_FP32", (-1,)),),
+                           (Tensor("Y", "TYPE_FP32", (-1,)),), max_batch_size=4, dynamic_batching=DynamicBatching())
+
+
+def python_spec(name: str) -> ModelSpec:
+    return ModelSpec(name, backend="python", max_batch_size=4, inputs=(Tensor("X", "TYPE_FP32", (-1,)),),
+                     outputs=(Tensor("Y", "TYPE_FP32", (-1,)),))
+
+
+def test_environment_for_picks_smallest_env_when_model_imports_beyond_numpy(tmp_path):
+    assert environment_for(python_model(python_spec("tok"), "tokenizer")) == ("text", set())
+    assert environment_for(python_model(python_spec("pool"), "mean_pooling")) == (None, set())
+    assert environment_for(runner("onnx", tmp_path)) == ("onnx", set())
+    assert environment_for(runner("torchscript", tmp_path)) == (None, {"torch"})
+
+
+def test_required_modules_ignore_stdlib_and_siblings_when_reading_sources():
+    sources = {"model.py": "import json\nimport numpy as np\nimport helper\ntry:\n    import tokenizers\n"
+                           "except ImportError:\n    pass\n\ndef f():\n    import torch\n",
+               "helper.py": "import os\n"}
+    assert required_modules(sources, {}) == {"tokenizers"}
+    assert required_modules({}, {"framework": "onnxruntime"}) == {"onnxruntime"}
+
+
+def test_container_python_follows_release_notes_when_looking_up_a_release():
+    assert [container_python(v) for v in ("21.03", "23.02", "23.05", "24.10", "24.12", "25.08")] == \
+        ["3.8", "3.8", "3.10", "3.10", "3.12", "3.12"]
+    assert containers_for("3.10") == ["23.03-24.11"]
+    assert containers_for("3.11") == []
+
+
+def test_env_specs_pin_every_package_when_loaded():
+    assert {"text", "onnx", "dali"} <= set(known_envs())
+    text = EnvSpec.load("text")
+    assert text.packages == ("numpy==1.26.4", "tokenizers==0.23.3")
+    assert text.python == "3.10"  # Triton 24.10 (the bundled server's release) runs Python 3.10
+
+
+def test_pack_env_gives_same_bytes_when_packed_twice(tmp_path):
+    first = pack_env("text", tmp_path / "a", method="venv-pack")
+    second = pack_env("text", tmp_path / "b", method="venv-pack")
+    assert first.path.read_bytes() == second.path.read_bytes()
+    assert first.path.stat().st_size < TEXT_ENV_LIMIT
+    with open(first.path, "rb") as f:
+        info = inspect_env(f, first.path.name, ArchiveLimits())
+    assert info.python == first.python and info.problems == []
+    with tarfile.open(first.path) as tar:
+        names = tar.getnames()
+        cfg = tar.extractfile("pyvenv.cfg").read().decode()
+    assert names == sorted(names) and len(names) == len(set(names))
+    assert not [n for n in names if "/tests/" in n or "__pycache__" in n or n.startswith("lib64/")]
+    assert "command" not in cfg and str(tmp_path) not in cfg
+    meta = json.loads(first.path.with_suffix("").with_suffix(".json").read_text())
+    assert meta["compressed_bytes"] == first.path.stat().st_size
+
+
+@pytest.fixture(scope="module")
+def probe_repository(tmp_path_factory) -> Path:
+    """A python model importing a module that only its packed env has, served through EXECUTION_ENV_PATH."""
+    work = tmp_path_factory.mktemp("probe")
+    prefix = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(prefix)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(prefix / "bin" / "python"), "install", "--quiet",
+                    "--no-deps", "--no-compile", "numpy==1.26.4"], check=True, capture_output=True)
+    site = next(prefix.glob("lib/python*/site-packages"))
+    (site / f"{PROBE_MODULE}.py").write_text("FACTOR = 7.0\n")
+    repo = work / "repo"
+    (repo / "probe" / "1").mkdir(parents=True)
+    env_file = "probe-env.tar.gz"
+    pack_prefix(prefix, repo / "probe" / env_file, f"{sys.version_info.major}.{sys.version_info.minor}")
+    spec = ModelSpec("probe", backend="python", max_batch_size=0, inputs=(Tensor("X", "TYPE_FP32", (3,)),),
+                     outputs=(Tensor("Y", "TYPE_FP32", (3,)),),
+                     parameters={"EXECUTION_ENV_PATH": f"$$TRITON_MODEL_DIRECTORY/{env_file}"})
+    (repo / "probe" / "config.pbtxt").write_text(spec.render())
+    (repo / "probe" / "1" / "model.py").write_text(f'''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+import {PROBE_MODULE}
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            y = (x * {PROBE_MODULE}.FACTOR).astype(np.float32)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
+        return out
+''')
+    return repo
+
+
+def test_probe_module_is_absent_when_imported_outside_the_packed_env():
+    result = subprocess.run([sys.executable, "-c", f"import {PROBE_MODULE}"], capture_output=True)
+    assert result.returncode != 0
+
+
+def test_check_passes_when_probe_env_matches_local_python(probe_repository):
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    report = check(probe_repository, python=python)
+    assert report.ok, report.problems
+
+
+@pytest.mark.server
+def test_server_uses_packed_env_when_model_imports_module_only_the_env_has(probe_repository):
+    from tritonpack.server import TritonServer
+
+    with TritonServer(probe_repository) as server:
+        body = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [3], "data": [1, 2, 3]}]})
+        request = urllib.request.Request(f"http://{server.url}/v2/models/probe/infer", data=body.encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            answer = json.loads(response.read())
+    assert answer["outputs"][0]["data"] == [7.0, 14.0, 21.0]  # FACTOR came from the packed env

@@ -1,0 +1,103 @@
+"""Fault injection on a real tritonserver: a python stub killed under load (own server: it gets broken).
+
+Observed with Triton 2.51 (README, "Reliability"): requests in flight and every later request routed through the
+dead step fail with 500 "Stub process '<model>_0_0' is not healthy"; the python backend does not restart the stub,
+and `/v2/health/ready` and `/v2/models/<step>/ready` keep answering 200. `TritonServer.dead_stubs()` detects it;
+restarting the server recovers, and stop() leaves no process, zombie or /dev/shm region behind.
+The local MME's behaviour when tritonserver itself dies is in tests/test_mme.py (restart, 503 with the reason).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import Counter
+
+import pytest
+import requests
+
+from tritonpack import hostile
+from tritonpack.server import TritonServer
+from tritonpack.soak import group_members
+
+VALID = hostile.text_request(["a sentence under fire"])
+
+
+class Load:
+    """8 threads sending valid requests until stopped; (start time, status, error text) per request."""
+
+    def __init__(self, server: TritonServer, path: str, threads: int = 8):
+        self.server, self.path, self.results, self.done = server, path, [], threading.Event()
+        self.threads = [threading.Thread(target=self._work) for _ in range(threads)]
+
+    def _work(self) -> None:
+        with requests.Session() as session:
+            while not self.done.is_set():
+                start = time.monotonic()
+                try:
+                    status, text = hostile.send(self.server.url, self.path, VALID, session=session, timeout=60)
+                except requests.RequestException as e:
+                    status, text = 0, str(e)
+                self.results.append((start, status, "" if status == 200 else text[:200]))
+
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        for thread in self.threads:
+            thread.join()
+
+
+@pytest.mark.server
+def test_served_ensemble_fails_requests_through_dead_step_and_stays_ready_when_a_stub_is_killed(build_ensemble):
+    # a model with a dead stub never unloads: Triton's exit timeout (30 s by default) always runs out
+    server = TritonServer(build_ensemble("bert").repository, extra_args=["--exit-timeout-secs=5"]).start()
+    pgid = server.process.pid
+    regions = server.stub_shm_regions()
+    try:
+        victim = next(pid for pid, model in server.stub_models().items() if model == "bert_tokenizer")
+        with Load(server, "/v2/models/bert/infer") as load:
+            time.sleep(2)
+            killed_at = time.monotonic()
+            os.kill(victim, signal.SIGKILL)  # a stub of the tritonserver this test started
+            time.sleep(6)
+        before = Counter(status for start, status, _ in load.results if start < killed_at - 0.5)
+        after = [(status, text) for start, status, text in load.results if start > killed_at + 0.5]
+        assert set(before) == {200} and sum(before.values()) > 10, before
+        assert after and all(status == 500 and "is not healthy" in text for status, text in after), after[:3]
+        assert server.process.poll() is None, "tritonserver itself must survive a dead stub"
+        # Triton 2.51 still calls the server and the model ready: only the stub's state tells
+        assert server.is_ready()
+        assert requests.get(f"http://{server.url}/v2/models/bert_tokenizer/ready", timeout=5).status_code == 200
+        assert server.dead_stubs() == ["bert_tokenizer"]
+    finally:
+        server.stop()
+    assert group_members(pgid) == [], "processes (or zombies) of the server's group outlived stop()"
+    assert not regions & hostile.shm_regions(), "the server's /dev/shm regions outlived stop()"
+    with TritonServer(build_ensemble("bert").repository) as fresh:
+        assert hostile.send(fresh.url, "/v2/models/bert/infer", VALID)[0] == 200
+        assert fresh.dead_stubs() == []
+
+
+@pytest.mark.server
+def test_server_stop_leaves_no_process_or_shm_when_a_client_keeps_a_connection_open(build_ensemble):
+    """An idle keep-alive connection makes Triton's exit time out before it unloads models; stop() still cleans.
+
+    (The exit timeout is shortened from Triton's 30 s default to keep the test quick; the behaviour is the same.)
+    """
+    server = TritonServer(build_ensemble("bert").repository, extra_args=["--exit-timeout-secs=3"]).start()
+    pgid, regions = server.process.pid, server.stub_shm_regions()
+    session = requests.Session()
+    try:
+        assert hostile.send(server.url, "/v2/models/bert/infer", VALID, session=session)[0] == 200
+        server.stop()
+    finally:
+        session.close()
+        server.stop()
+    assert regions and group_members(pgid) == []
+    assert not regions & hostile.shm_regions()

@@ -1,0 +1,122 @@
+"""Hostile requests against every served ensemble on the real tritonserver (raw HTTP, crafted bodies).
+
+Each case gets a client error (4xx) — or, where tritonserver 2.51's own front-end answers before any project
+code runs, exactly the answer recorded in `tritonpack.hostile` (README, "Reliability", lists them) — and
+afterwards the server is ready, no process died or restarted, and a valid request gets the same answer as
+before. `tritonpack.request_guard` (what a gateway runs first) must refuse every case Triton gets wrong.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import ensembles
+from ensembles.text import MAX_TEXT_BYTES
+from tritonpack import hostile
+from tritonpack.request_guard import infer_request_problem
+
+TEXT_ENSEMBLES = [n for n in ("bert", "bert_pt") if n in ensembles.NAMES]
+IMAGE_ENSEMBLES = ("dali_inception", "resnet_pt", "resnet_trt")
+TEXT_CASES = hostile.text_cases(MAX_TEXT_BYTES, max_batch=64)
+STATUS_CLASS = {"2xx": range(200, 300), "4xx": range(400, 500), "5xx": range(500, 600)}
+
+
+def image_cases():
+    return hostile.image_cases(hostile.sample_jpeg())
+
+
+def outputs(text: str) -> dict[str, np.ndarray]:
+    return {o["name"]: np.asarray(o["data"], dtype=np.float32) for o in json.loads(text)["outputs"]}
+
+
+class Target:
+    """One served ensemble, the valid request used as a health probe, and its answer before any hostile input."""
+
+    def __init__(self, server, name: str, valid: hostile.RawRequest):
+        self.server, self.name, self.valid = server, name, valid
+        self.path = f"/v2/models/{name}/infer"
+        status, text = hostile.send(server.url, self.path, valid)
+        assert status == 200, text
+        self.expected = outputs(text)
+
+    def assert_still_serving(self, pids_before: set[int]) -> None:
+        assert self.server.process.poll() is None, f"tritonserver died; log: {self.server.log_path}"
+        assert self.server.is_ready(), f"server not ready after a hostile request; log: {self.server.log_path}"
+        assert set(self.server.process_group_pids()) == pids_before, "a stub process died or was restarted"
+        status, text = hostile.send(self.server.url, self.path, self.valid)
+        assert status == 200, text
+        for name, expected in self.expected.items():
+            np.testing.assert_allclose(outputs(text)[name], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def targets(served):
+    made = {}
+
+    def _target(name: str) -> Target:
+        if name not in made:
+            if name not in ensembles.NAMES:
+                pytest.skip(f"ensemble {name} is not registered yet")
+            if name in IMAGE_ENSEMBLES:
+                made[name] = Target(served(name), name, hostile.image_request(hostile.sample_jpeg()))
+            else:
+                made[name] = Target(served(name), name, hostile.text_request(["A valid sentence after abuse."]))
+        return made[name]
+
+    return _target
+
+
+def check_case(target: Target, case: hostile.HostileCase) -> None:
+    pids = set(target.server.process_group_pids())
+    status, text = hostile.send(target.server.url, target.path, case.request)
+    assert status in STATUS_CLASS[case.direct], f"{case.name}: expected {case.direct}, got {status}: {text[:300]}"
+    if case.direct == "4xx":
+        assert "error" in json.loads(text), text
+    target.assert_still_serving(pids)
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("case", TEXT_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("name", TEXT_ENSEMBLES)
+def test_text_ensemble_answers_client_error_and_keeps_serving_when_request_is_hostile(targets, name, case):
+    check_case(targets(name), case)
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("case", image_cases(), ids=lambda c: c.name)
+@pytest.mark.parametrize("name", IMAGE_ENSEMBLES)
+def test_image_ensemble_answers_client_error_and_keeps_serving_when_request_is_hostile(targets, name, case):
+    check_case(targets(name), case)
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("name", TEXT_ENSEMBLES)
+def test_text_ensemble_answers_other_requests_when_one_request_of_a_batch_is_hostile(targets, name):
+    """Hostile and valid requests in flight together: the dynamic batcher merges them, errors stay per request."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    target = targets(name)
+    bad = hostile.text_request([b"\xff\xfe"])
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: hostile.send(target.server.url, target.path, bad if i % 2 else target.valid),
+                                range(32)))
+    assert all(status == 400 for status, _ in answers[1::2])
+    for status, text in answers[::2]:
+        assert status == 200, text
+        np.testing.assert_allclose(outputs(text)["EMBEDDING"], target.expected["EMBEDDING"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", [c for c in TEXT_CASES + image_cases() if c.direct != "4xx"], ids=lambda c: c.name)
+def test_request_guard_refuses_request_when_triton_would_not_answer_4xx(case):
+    assert infer_request_problem(case.request.body, case.request.header_length) is not None
+
+
+@pytest.mark.parametrize("request_", [hostile.text_request(["hello", "world"]),
+                                      hostile.json_request([{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES",
+                                                             "data": ["hello"]}]),
+                                      hostile.image_request(b"\xff\xd8\xff" + bytes(100))])
+def test_request_guard_accepts_request_when_it_is_well_formed(request_):
+    assert infer_request_problem(request_.body, request_.header_length) is None

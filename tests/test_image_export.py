@@ -1,0 +1,133 @@
+"""Image model exports and what each target gets: graphdef/ONNX equivalence, contracts, DALI and TensorRT configs."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from build import export_inception
+from ensembles.image import inception_artifacts
+from tritonpack.build import BuildRequest, build
+from tritonpack.components import MODELS_DIR
+from tritonpack.spec import SpecError, parse_config
+from tritonpack.wiring import wiring_problems
+
+sys.path.insert(0, str(MODELS_DIR / "framework_runner"))
+import graphdef_session  # noqa: E402
+import onnxruntime_session  # noqa: E402
+
+NAMES = {"input_order": export_inception.INPUT, "output_order": export_inception.OUTPUT, "threads": "2"}
+
+
+def test_inception_onnx_equals_graphdef_when_converted_with_tf2onnx(test_dist):
+    artifacts = inception_artifacts(None, onnx=True, cache=test_dist / "cache")
+    images = export_inception.check_batch(3)
+    tf_run = graphdef_session.open_session(str(artifacts["graphdef"]), NAMES)
+    ort_run = onnxruntime_session.open_session(str(artifacts["onnx"]), {"threads": "2"})
+    expected = tf_run({export_inception.INPUT: images})[export_inception.OUTPUT]
+    actual = ort_run({export_inception.INPUT: images})[export_inception.OUTPUT]
+    assert expected.shape == (3, 1001)
+    np.testing.assert_allclose(expected.sum(axis=1), 1.0, rtol=1e-4)  # softmax probabilities
+    assert np.abs(actual - expected).max() / np.abs(expected).max() <= 1e-4
+
+
+def test_export_inception_rejects_graph_when_contract_names_are_missing(tmp_path):
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        images = tf.compat.v1.placeholder(tf.float32, [None, 299, 299, 3], name="images")
+        tf.identity(images, name="probabilities")
+    path = tmp_path / "other.pb"
+    path.write_bytes(graph.as_graph_def().SerializeToString())
+    with pytest.raises(ValueError, match="no Placeholder named 'input'"):
+        export_inception.export(tmp_path / "out", graphdef=str(path))
+
+
+def _dist_sharing_cache(tmp_path, test_dist):
+    """A dist folder of its own (so repositories other tests built stay as they are) on the shared export cache."""
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    (dist / "cache").symlink_to((test_dist / "cache").resolve())
+    return dist
+
+
+def _configs(repository):
+    return {p.parent.name: parse_config(p.read_text()) for p in repository.glob("*/config.pbtxt")}
+
+
+@pytest.mark.parametrize(("target", "kind", "pipeline_file"), [("gpu", 1, "dali.py"), ("cpu", 2, "model.dali")])
+def test_dali_step_uses_dali_backend_with_target_files_when_built_for_native_targets(target, kind, pipeline_file,
+                                                                                    build_ensemble):
+    repository = build_ensemble("resnet_pt", target).repository
+    config = _configs(repository)["resnet_pt_preprocess"]
+    assert config.backend == "dali" and config.instance_group[0].kind == kind  # KIND_GPU = 1, KIND_CPU = 2
+    assert config.input[0].allow_ragged_batch
+    assert [p.name for p in (repository / "resnet_pt_preprocess" / "1").iterdir()] == [pipeline_file]
+    classifier = _configs(repository)["resnet_pt_classifier"]
+    assert classifier.platform == "pytorch_libtorch" and classifier.max_batch_size == 128
+    assert [t.name for t in classifier.input] == ["INPUT__0"] and [t.name for t in classifier.output] == ["OUTPUT__0"]
+
+
+def test_dali_inception_serves_onnx_classifier_when_model_format_is_onnx(tmp_path, test_dist):
+    dist = _dist_sharing_cache(tmp_path, test_dist)
+    result = build(BuildRequest("dali_inception", "cpu", model_format="onnx", dist=dist))
+    configs = _configs(result.repository)
+    classifier = configs["dali_inception_classifier"]
+    assert classifier.platform == "onnxruntime_onnx"
+    assert (result.repository / "dali_inception_classifier" / "1" / "model.onnx").exists()
+    assert wiring_problems(configs["dali_inception"], configs) == []
+
+
+def test_dali_inception_rejects_model_format_when_unknown(tmp_path):
+    with pytest.raises(SpecError, match="savedmodel"):
+        build(BuildRequest("dali_inception", "portable", model_format="savedmodel", dist=tmp_path))
+
+
+def test_resnet_trt_gpu_config_has_profile_and_warmup_at_128_when_plan_build_is_stubbed(tmp_path, test_dist,
+                                                                                         monkeypatch):
+    """TensorRT is absent here: the plan is stubbed, everything around it (profile, config, wiring) is real."""
+    import build.build_tensorrt as build_tensorrt
+
+    seen = {}
+
+    def fake_build_plan(onnx, plan, profiles, fp16=False):
+        plan = tmp_path / plan.name  # never where a real build would find it
+        seen.update(onnx=onnx, profiles=profiles, fp16=fp16)
+        plan.write_bytes(b"not a real plan")
+        return plan
+
+    monkeypatch.setattr(build_tensorrt, "build_plan", fake_build_plan)
+    result = build(BuildRequest("resnet_trt", "gpu", fp16=True, dist=_dist_sharing_cache(tmp_path, test_dist)))
+    (profile,) = seen["profiles"]
+    assert (profile.name, profile.min, profile.max) == ("input", (1, 3, 224, 224), (128, 3, 224, 224))
+    assert seen["fp16"] and seen["onnx"].name == "model.onnx"
+    assert (result.repository / "resnet_trt_classifier" / "1" / "model.plan").read_bytes() == b"not a real plan"
+    configs = _configs(result.repository)
+    classifier = configs["resnet_trt_classifier"]
+    assert classifier.platform == "tensorrt_plan" and classifier.max_batch_size == 128
+    assert classifier.instance_group[0].kind == 1  # KIND_GPU
+    (warmup,) = classifier.model_warmup
+    assert warmup.batch_size == 128 and list(warmup.inputs["input"].dims) == [3, 224, 224]
+    assert warmup.inputs["input"].random_data
+    assert wiring_problems(configs["resnet_trt"], configs) == []
+
+
+def test_resnet_trt_build_stops_with_one_line_when_target_is_gpu_without_tensorrt(tmp_path, test_dist):
+    import subprocess
+
+    try:
+        import tensorrt  # noqa: F401
+
+        pytest.skip("TensorRT is installed")
+    except ImportError:
+        pass
+    dist = _dist_sharing_cache(tmp_path, test_dist)
+    result = subprocess.run([sys.executable, "-m", "tritonpack.cli", "build", "resnet_trt", "--target", "gpu",
+                             "--dist", str(dist)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "TensorRT is not installed" in lines[0]
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,52 @@
+"""Image-size guard without a server: header parsing of real PIL files and of crafted bombs."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+from PIL import Image
+
+from tritonpack import hostile
+from tritonpack.components import MODELS_DIR
+
+sys.path[:0] = [str(MODELS_DIR / "shared")]
+from batched_requests import ClientError  # noqa: E402
+from image_header import check_image_pixels, image_size  # noqa: E402
+
+
+def encoded(fmt: str, size=(37, 23), **options) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", size, (10, 200, 30)).save(out, format=fmt, **options)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("fmt,options", [("JPEG", {}), ("JPEG", {"progressive": True}), ("PNG", {}),
+                                         ("JPEG", {"exif": b"Exif\0\0" + bytes(3000)})])
+def test_image_size_reads_width_and_height_when_header_is_real(fmt, options):
+    assert image_size(encoded(fmt, **options)) == (37, 23)
+
+
+def test_image_size_reads_claimed_size_when_jpeg_header_is_patched():
+    assert image_size(hostile.jpeg_claiming(hostile.sample_jpeg(), 20000, 20000)) == (20000, 20000)
+
+
+def test_image_size_reads_claimed_size_when_png_is_a_bomb():
+    assert image_size(hostile.png_bomb(3000, 2000)) == (3000, 2000)
+
+
+@pytest.mark.parametrize("data", [b"", b"\xff", b"\xff\xd8", b"\xff\xd8\xff", b"not an image", bytes(100),
+                                  b"\x89PNG\r\n\x1a\n", hostile.sample_jpeg()[:4]])
+def test_image_size_returns_none_when_header_is_unreadable(data):
+    assert image_size(data) is None
+
+
+def test_check_image_pixels_rejects_image_when_header_claims_more_than_limit():
+    with pytest.raises(ClientError, match="20000x20000"):
+        check_image_pixels(hostile.jpeg_claiming(hostile.sample_jpeg(), 20000, 20000), 50_000_000)
+
+
+def test_check_image_pixels_accepts_image_when_within_limit_or_disabled():
+    check_image_pixels(hostile.sample_jpeg(), 64 * 48)
+    check_image_pixels(hostile.jpeg_claiming(hostile.sample_jpeg(), 20000, 20000), 0)

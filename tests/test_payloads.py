@@ -1,0 +1,114 @@
+"""Request/response bodies for SageMaker Triton endpoints, in JSON and binary+json, without a server."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from tritonpack import payloads
+from tritonpack.payloads import BINARY_JSON, JSON, Label, PayloadError
+
+
+def split_binary(body: bytes, content_type: str) -> tuple[dict, bytes]:
+    size = payloads.header_size(content_type)
+    return json.loads(body[:size]), body[size:]
+
+
+def binary_response(outputs: dict[str, np.ndarray]) -> tuple[bytes, str]:
+    """A binary+json response body as Triton writes it."""
+    header = {"model_name": "m", "outputs": []}
+    blobs = []
+    for name, array in outputs.items():
+        if array.dtype == np.object_:
+            raw = b"".join(struct.pack("<I", len(v)) + v for v in array.reshape(-1))
+            datatype = "BYTES"
+        else:
+            raw, datatype = array.tobytes(), "FP32"
+        header["outputs"].append({"name": name, "datatype": datatype, "shape": list(array.shape),
+                                  "parameters": {"binary_data_size": len(raw)}})
+        blobs.append(raw)
+    text = json.dumps(header).encode()
+    return text + b"".join(blobs), f"{BINARY_JSON};json-header-size={len(text)}"
+
+
+def test_text_payload_is_kserve_json_when_format_json():
+    payload = payloads.text_payload(["héllo", b"raw"], "json")
+    assert payload.content_type == JSON
+    request = json.loads(payload.body)
+    assert request["inputs"] == [{"name": "TEXT", "shape": [2, 1], "datatype": "BYTES", "data": ["héllo", "raw"]}]
+    assert request["outputs"][0]["name"] == "EMBEDDING"
+    assert not request["outputs"][0].get("parameters", {}).get("binary_data")
+
+
+def test_text_payload_has_header_size_and_length_prefixed_bytes_when_format_binary():
+    payload = payloads.text_payload(["héllo", "ab"], "binary")
+    assert payload.content_type.startswith(BINARY_JSON + ";json-header-size=")
+    header, raw = split_binary(payload.body, payload.content_type)
+    (tensor,) = header["inputs"]
+    assert (tensor["name"], tensor["datatype"], tensor["shape"]) == ("TEXT", "BYTES", [2, 1])
+    expected = struct.pack("<I", 6) + "héllo".encode() + struct.pack("<I", 2) + b"ab"
+    assert raw == expected and tensor["parameters"]["binary_data_size"] == len(expected)
+    assert header["outputs"][0]["parameters"]["binary_data"] is True
+
+
+def test_image_payload_pads_shorter_images_with_zeros_when_sizes_differ():
+    images = [b"\xff\xd8abc\xff\xd9", b"\x89PNG"]
+    payload = payloads.image_payload(images, "binary", class_count=3)
+    header, raw = split_binary(payload.body, payload.content_type)
+    assert header["inputs"][0]["datatype"] == "UINT8" and header["inputs"][0]["shape"] == [2, 7]
+    assert raw == images[0] + images[1] + b"\0\0\0"
+    assert header["outputs"][0] == {"name": "SCORES", "parameters": {"binary_data": True, "classification": 3}}
+    request = json.loads(payloads.image_payload(images, "json").body)
+    assert request["inputs"][0]["data"][:7] == list(images[0])
+
+
+def test_embeddings_equal_float_rows_when_response_is_binary():
+    rows = np.arange(12, dtype=np.float32).reshape(3, 4) / 7
+    body, content_type = binary_response({"EMBEDDING": rows})
+    np.testing.assert_array_equal(payloads.embeddings(body, content_type), rows)
+
+
+def test_embeddings_equal_float_rows_when_response_is_json():
+    rows = [[0.5, -1.25], [3.0, 0.0]]
+    body = json.dumps({"outputs": [{"name": "EMBEDDING", "datatype": "FP32", "shape": [2, 2],
+                                    "data": [v for r in rows for v in r]}]}).encode()
+    np.testing.assert_array_equal(payloads.embeddings(body, "application/json"), np.array(rows, np.float32))
+
+
+def test_labels_parse_score_index_label_when_classification_was_asked():
+    entries = np.array([[b"0.900000:3:tabby cat", b"0.050000:7:dog"], [b"0.6:1", b"0.3:0:a:b"]], dtype=np.object_)
+    body, content_type = binary_response({"SCORES": entries})
+    labels = payloads.labels(body, content_type)
+    assert labels[0][0] == Label(0.9, 3, "tabby cat")
+    assert labels[1] == [Label(0.6, 1, ""), Label(0.3, 0, "a:b")]
+
+
+def test_parse_response_raises_with_reason_when_body_is_an_error():
+    with pytest.raises(PayloadError, match="unknown model"):
+        payloads.parse_response(b'{"error": "unknown model"}', "application/json")
+    with pytest.raises(PayloadError, match="no output 'EMBEDDING'"):
+        payloads.embeddings(*binary_response({"OTHER": np.zeros((1, 2), np.float32)}))
+
+
+@pytest.mark.parametrize("content_type", [f"{BINARY_JSON};json-header-size=x", f"{BINARY_JSON};json-header-size="])
+def test_header_size_raises_when_size_is_not_a_number(content_type):
+    with pytest.raises(PayloadError, match="integer"):
+        payloads.header_size(content_type)
+
+
+def test_payload_builders_raise_when_input_is_empty_or_format_unknown():
+    with pytest.raises(PayloadError):
+        payloads.text_payload([], "json")
+    with pytest.raises(PayloadError):
+        payloads.image_payload([], "binary")
+    with pytest.raises(PayloadError, match="format"):
+        payloads.text_payload(["a"], "protobuf")
+
+
+def test_error_message_reads_triton_and_sagemaker_error_bodies():
+    assert payloads.error_message(b'{"error": "boom"}') == "boom"
+    assert payloads.error_message(b'{"message": "nope"}') == "nope"
+    assert payloads.error_message(b"plain text") == "plain text"

@@ -1,0 +1,275 @@
+"""Tarball safety: inspect a (gzip) tar without extracting it, and extract only what passed.
+
+`archive_problems` reads the stream once, front to back, counting decompressed bytes as they come, so a
+bomb (by size, ratio or entry count) is stopped early instead of filling a disk. `safe_extract` refuses
+before writing anything, extracts into a staging folder beside `dest` (with the same limits enforced on the
+second read, and Python's `data` extraction filter as a second line of defence) and renames it into place.
+"""
+
+from __future__ import annotations
+
+import io
+import posixpath
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a repository or tarball will not deploy: `file: field: reason` on one line."""
+
+    file: str
+    field: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.field}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class ArchiveLimits:
+    """Bounds on what an archive may unpack to. Defaults fit multi-GB model tarballs, not bombs."""
+
+    max_members: int = 20_000
+    max_total_bytes: int = 64 * GIB  # decompressed, tar headers included
+    max_member_bytes: int = 32 * GIB
+    max_ratio: float = 200.0  # decompressed / compressed; weights and packed envs are near 1, zeros ~1000
+    ratio_floor_bytes: int = 64 << 20  # tiny archives (headers, padding) compress far better; ignore below
+
+    def __post_init__(self) -> None:
+        if min(self.max_members, self.max_total_bytes, self.max_member_bytes, self.max_ratio) <= 0:
+            raise ValueError("archive limits must be positive")
+
+
+class ArchiveError(ValueError):
+    """An archive refused before extraction; `problems` says why."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems) or "archive refused")
+
+
+class _LimitExceeded(Exception):
+    def __init__(self, problem: Problem):
+        self.problem = problem
+
+
+class _CountingRaw(io.RawIOBase):
+    """The compressed file, counting bytes read."""
+
+    def __init__(self, f):
+        self.f, self.count = f, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = self.f.readinto(b)
+        self.count += n or 0
+        return n
+
+
+class _Meter(io.RawIOBase):
+    """The decompressed stream; stops reading once the total or the compression ratio goes past the limits."""
+
+    def __init__(self, stream, raw: _CountingRaw | None, limits: ArchiveLimits, label: str):
+        self.stream, self.raw, self.limits, self.label, self.count = stream, raw, limits, label, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        data = self.stream.read(len(b))
+        n = len(data)
+        b[:n] = data
+        self.count += n
+        limits = self.limits
+        if self.count > limits.max_total_bytes:
+            raise _LimitExceeded(Problem(self.label, "size", f"unpacks to more than {limits.max_total_bytes} bytes "
+                                                             f"(limit max_total_bytes)"))
+        if self.raw is not None and self.count > limits.ratio_floor_bytes \
+                and self.count > limits.max_ratio * max(self.raw.count, 1):
+            raise _LimitExceeded(Problem(self.label, "size", f"compression ratio above {limits.max_ratio:g} "
+                                                             f"({self.count} bytes from {self.raw.count}; "
+                                                             f"limit max_ratio)"))
+        return n
+
+
+def _open_stream(fileobj, limits: ArchiveLimits, label: str) -> _Meter:
+    """A metered decompressed view of `fileobj` (gzip by magic number, else plain tar)."""
+    raw = _CountingRaw(fileobj)
+    buffered = io.BufferedReader(raw, buffer_size=1 << 16)
+    if buffered.peek(2)[:2] == b"\x1f\x8b":
+        import gzip
+
+        return _Meter(gzip.GzipFile(fileobj=buffered, mode="rb"), raw, limits, label)
+    return _Meter(buffered, None, limits, label)
+
+
+def normalise_name(name: str) -> str:
+    """A member name as a relative POSIX path without `./` or trailing slashes ("" for the root)."""
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    return "/".join(parts)
+
+
+def _member_problems(member: tarfile.TarInfo, seen: dict[str, tarfile.TarInfo], links: set[str],
+                     limits: ArchiveLimits, links_out: bool = False,
+                     implied: set[str] | frozenset = frozenset()) -> list[Problem]:
+    name = member.name
+    problems = []
+    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        problems.append(Problem(name, "path", "absolute path"))
+    if ".." in name.split("/"):
+        problems.append(Problem(name, "path", "'..' leads outside the archive"))
+    if "\x00" in name:
+        problems.append(Problem(name, "path", "NUL byte in the name"))
+    if problems:
+        return problems
+    norm = normalise_name(name)
+    if not norm and not member.isdir():  # found by tests/test_archive_fuzz.py: "." as a file crashed extraction
+        return [Problem(name, "path", "an entry that is not a folder names the archive's root")]
+    if norm in seen:
+        problems.append(Problem(name, "path", "duplicate entry (a later member would overwrite an earlier one)"))
+    parent = posixpath.dirname(norm)
+    while parent:
+        if parent in links:
+            problems.append(Problem(name, "path", f"inside {parent}, which is a link"))
+            break
+        if parent in seen and not seen[parent].isdir():
+            problems.append(Problem(name, "path", f"inside {parent}, which is not a folder"))
+            break
+        parent = posixpath.dirname(parent)
+    if not member.isdir() and norm in implied and norm not in seen:
+        problems.append(Problem(name, "path", "not a folder, but earlier entries are inside it"))
+    if member.issym():
+        target = member.linkname
+        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(norm), target))
+        if not links_out and (target.startswith("/") or resolved == ".." or resolved.startswith("../")):
+            problems.append(Problem(name, "link", f"symlink to {target} leads outside the archive"))
+        links.add(norm)
+    elif member.islnk():
+        target = member.linkname
+        resolved = normalise_name(target)
+        if target.startswith("/") or ".." in target.split("/"):
+            problems.append(Problem(name, "link", f"hard link to {target} leads outside the archive"))
+        elif resolved not in seen or not seen[resolved].isfile():
+            problems.append(Problem(name, "link", f"hard link to {target}, which is not an earlier file here"))
+        links.add(norm)
+    elif member.ischr() or member.isblk():
+        problems.append(Problem(name, "type", "device file"))
+    elif member.isfifo():
+        problems.append(Problem(name, "type", "FIFO"))
+    elif not (member.isfile() or member.isdir()):
+        problems.append(Problem(name, "type", f"unsupported member type {member.type!r}"))
+    if member.size > limits.max_member_bytes:
+        problems.append(Problem(name, "size", f"{member.size} bytes is above the {limits.max_member_bytes} "
+                                              f"byte limit (max_member_bytes)"))
+    return problems
+
+
+Visitor = Callable[[tarfile.TarInfo, tarfile.TarFile], None]
+
+
+def scan(fileobj, label: str, limits: ArchiveLimits, visit: Visitor | None = None,
+         links_out: bool = False) -> list[Problem]:
+    """Problems of the tar stream in `fileobj`, read once; `visit(member, tar)` sees each safe member in order
+    (it may read the member's data with `tar.extractfile(member)` while the stream is there).
+
+    `links_out`: symlinks may point outside (a packed env's `bin/python` → the server's interpreter); members
+    inside a link, absolute or `..` names and hard links out are refused all the same."""
+    problems: list[Problem] = []
+    seen: dict[str, tarfile.TarInfo] = {}
+    links: set[str] = set()
+    implied: set[str] = set()  # folders that earlier entries' paths imply
+    declared = 0
+    try:
+        stream = _open_stream(fileobj, limits, label)
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            for count, member in enumerate(tar, start=1):
+                if count > limits.max_members:
+                    problems.append(Problem(label, "members", f"more than {limits.max_members} entries "
+                                                              f"(limit max_members)"))
+                    break
+                declared += member.size
+                if declared > limits.max_total_bytes:
+                    problems.append(Problem(label, "size", f"members declare more than {limits.max_total_bytes} "
+                                                           f"bytes (limit max_total_bytes)"))
+                    break
+                member_problems = _member_problems(member, seen, links, limits, links_out, implied)
+                problems += member_problems
+                norm = normalise_name(member.name)
+                seen.setdefault(norm, member)
+                parent = posixpath.dirname(norm)
+                while parent and parent not in implied:
+                    implied.add(parent)
+                    parent = posixpath.dirname(parent)
+                if visit is not None and not member_problems:
+                    visit(member, tar)
+    except _LimitExceeded as e:
+        problems.append(e.problem)
+    except (tarfile.TarError, OSError, EOFError, ValueError) as e:
+        problems.append(Problem(label, "archive", f"not a readable tar or tar.gz: {e}"))
+    return problems
+
+
+def archive_problems(tar_path: Path, limits: ArchiveLimits | None = None) -> list[Problem]:
+    """Everything that makes `tar_path` unsafe to extract; empty when it is safe. Nothing is extracted."""
+    tar_path = Path(tar_path)
+    try:
+        with open(tar_path, "rb") as f:
+            return scan(f, tar_path.name, limits or ArchiveLimits())
+    except OSError as e:
+        return [Problem(tar_path.name, "archive", f"cannot read: {e.strerror or e}")]
+
+
+def safe_extract(tar_path: Path, dest: Path, limits: ArchiveLimits | None = None, replace: bool = False) -> Path:
+    """Extract `tar_path` to `dest` (which must not exist unless `replace`) after `archive_problems` found nothing.
+
+    Raises `ArchiveError` before anything is written when the archive is unsafe, or if it turns out unsafe
+    while extracting (the staging folder is then removed). Nothing is ever written outside `dest`'s staging
+    folder, which is created beside `dest` and renamed into place.
+    """
+    limits = limits or ArchiveLimits()
+    tar_path, dest = Path(tar_path), Path(dest)
+    problems = archive_problems(tar_path, limits)
+    if problems:
+        raise ArchiveError(problems)
+    if dest.exists() and not replace:
+        raise FileExistsError(f"{dest} already exists")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    try:
+        with open(tar_path, "rb") as f:
+            stream = _open_stream(f, limits, tar_path.name)
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                for member in tar:  # re-checked while extracting: the file may have changed since the scan
+                    tar.extract(member, staging, filter="data")
+        if dest.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}-old-", dir=dest.parent))
+            dest.rename(old / dest.name)
+            staging.rename(dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            staging.rename(dest)
+    except _LimitExceeded as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ArchiveError([e.problem]) from None
+    except (IsADirectoryError, NotADirectoryError, FileExistsError) as e:  # e.g. a file over an implied folder
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ArchiveError([Problem(tar_path.name, "path", f"entries collide: {e.strerror}: "
+                                    f"{Path(e.filename).relative_to(staging) if e.filename else ''}")]) from None
+    except tarfile.FilterError as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        name = getattr(getattr(e, "tarinfo", None), "name", tar_path.name)
+        raise ArchiveError([Problem(name, "path", str(e))]) from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return dest
+

@@ -1,0 +1,354 @@
+"""`tritonpack upload` (tarballs to S3, with copies) and `tritonpack deploy` (a SageMaker multi-model endpoint).
+
+Both take `--endpoint-url` so that they can talk to any S3/SageMaker-compatible API (tests use moto's server).
+`deploy` first builds a plan, a list of API calls; `--dry-run` prints it, otherwise each call is made and what
+it created is printed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MIB = 1024 * 1024
+TAR_SUFFIX = ".tar.gz"
+DEFAULT_TRITON_VERSION = "24.09"
+TRITON_REPOSITORY = "sagemaker-tritonserver"
+# Account of the SageMaker Triton images per region (sagemaker-python-sdk image_uri_config/sagemaker-tritonserver.json,
+# the same for every version it lists: 23.12 … 24.09).
+TRITON_ACCOUNTS = {
+    "af-south-1": "626614931356", "il-central-1": "780543022126", "ap-east-1": "871362719292",
+    "ap-northeast-1": "763104351884", "ap-northeast-2": "763104351884", "ap-northeast-3": "364406365360",
+    "ap-south-1": "763104351884", "ap-southeast-1": "763104351884", "ap-southeast-2": "763104351884",
+    "ap-southeast-3": "907027046896", "ca-central-1": "763104351884", "ca-west-1": "204538143572",
+    "cn-north-1": "727897471807", "cn-northwest-1": "727897471807", "eu-central-1": "763104351884",
+    "eu-north-1": "763104351884", "eu-west-1": "763104351884", "eu-west-2": "763104351884",
+    "eu-west-3": "763104351884", "eu-south-1": "692866216735", "me-south-1": "217643126080",
+    "sa-east-1": "763104351884", "us-east-1": "763104351884", "us-east-2": "763104351884",
+    "us-west-1": "763104351884", "us-west-2": "763104351884",
+}
+VARIANT = "AllTraffic"
+
+
+def split_s3_url(url: str) -> tuple[str, str]:
+    """`s3://bucket/prefix/` → (bucket, "prefix/"); the prefix is empty or ends with '/'."""
+    if not url.startswith("s3://") or not url[5:].split("/", 1)[0]:
+        raise ValueError(f"expected s3://bucket/prefix/, got {url!r}")
+    bucket, _, prefix = url[5:].partition("/")
+    prefix = prefix.strip("/")
+    return bucket, f"{prefix}/" if prefix else ""
+
+
+def triton_image_uri(region: str, version: str = DEFAULT_TRITON_VERSION) -> str:
+    """The SageMaker Triton container image for `region` and container `version` (e.g. 24.09)."""
+    if region not in TRITON_ACCOUNTS:
+        raise ValueError(f"no SageMaker Triton image is published in {region!r}; regions: "
+                         f"{', '.join(sorted(TRITON_ACCOUNTS))}")
+    domain = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
+    return f"{TRITON_ACCOUNTS[region]}.dkr.ecr.{region}.{domain}/{TRITON_REPOSITORY}:{version}-py3"
+
+
+# ---- upload ---------------------------------------------------------------------------------------------------
+def copy_keys(tarball: Path, prefix: str, copies: int) -> list[str]:
+    """Keys for `copies` copies: `<prefix><name>` for one, `<prefix><stem>-<i>.tar.gz` (i = 0…N-1) for more."""
+    name = Path(tarball).name
+    if copies <= 1:
+        return [prefix + name]
+    stem = name[: -len(TAR_SUFFIX)] if name.endswith(TAR_SUFFIX) else Path(name).stem
+    return [f"{prefix}{stem}-{i}{TAR_SUFFIX}" for i in range(copies)]
+
+
+class Progress:
+    """A one-line progress bar on stderr (redrawn in place on a terminal, a line per 10% otherwise)."""
+
+    def __init__(self, total_bytes: int, total_items: int, stream=None, width: int = 30):
+        self.total_bytes, self.total_items = max(total_bytes, 1), total_items
+        self.stream = stream or sys.stderr
+        self.width, self.bytes, self.items = width, 0, 0
+        self.started = time.monotonic()
+        self._lock = threading.Lock()
+        self._shown = -1.0
+        self._tty = getattr(self.stream, "isatty", lambda: False)()
+
+    def add_bytes(self, n: int) -> None:
+        with self._lock:
+            self.bytes += n
+            self._draw()
+
+    def item_done(self) -> None:
+        with self._lock:
+            self.items += 1
+            self._draw()
+
+    def _draw(self, final: bool = False) -> None:
+        fraction = min(self.bytes / self.total_bytes, 1.0)
+        step = fraction if self._tty else int(fraction * 10) / 10
+        now = time.monotonic()
+        if not final and (step == self._shown or (self._tty and now - getattr(self, "_at", 0) < 0.1)):
+            return
+        self._shown, self._at = step, now
+        elapsed = max(now - self.started, 1e-6)
+        bar = "#" * int(fraction * self.width)
+        line = (f"[{bar:<{self.width}}] {fraction:4.0%} {self.items}/{self.total_items} objects "
+                f"{self.bytes / MIB:,.1f}/{self.total_bytes / MIB:,.1f} MiB {self.bytes / MIB / elapsed:,.1f} MiB/s")
+        self.stream.write(("\r" + line) if self._tty else line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._draw(final=True)
+            if self._tty:
+                self.stream.write("\n")
+            self.stream.flush()
+
+
+@dataclass
+class UploadResult:
+    urls: list[str]
+    bytes: int
+    seconds: float
+
+
+def upload(tarballs: Sequence[Path], destination: str, copies: int = 1, endpoint_url: str | None = None,
+           client=None, threads: int = 8, chunk_bytes: int = 16 * MIB, progress: bool = True) -> UploadResult:
+    """Upload each tarball once (multipart above `chunk_bytes`), then make its other copies server-side.
+
+    Copies are S3 CopyObject calls (multipart copy for large objects): the bytes cross the network once however
+    many copies are asked for.
+    """
+    import boto3
+    from boto3.s3.transfer import TransferConfig
+
+    bucket, prefix = split_s3_url(destination)
+    tarballs = [Path(t) for t in tarballs]
+    for tarball in tarballs:
+        if not tarball.is_file():
+            raise FileNotFoundError(f"{tarball}: no such file")
+    if copies < 1:
+        raise ValueError("--copies must be at least 1")
+    client = client or boto3.client("s3", endpoint_url=endpoint_url)
+    config = TransferConfig(multipart_threshold=chunk_bytes, multipart_chunksize=chunk_bytes,
+                            max_concurrency=threads, use_threads=True)
+    plan = [(t, copy_keys(t, prefix, copies)) for t in tarballs]
+    total = sum(t.stat().st_size * len(keys) for t, keys in plan)
+    bar = Progress(total, sum(len(keys) for _, keys in plan)) if progress else None
+    started = time.monotonic()
+    urls = []
+
+    def tick(n: int) -> None:
+        if bar:
+            bar.add_bytes(n)
+
+    for tarball, keys in plan:
+        first, rest = keys[0], keys[1:]
+        client.upload_file(str(tarball), bucket, first, Config=config, Callback=tick)
+        if bar:
+            bar.item_done()
+        urls.append(f"s3://{bucket}/{first}")
+
+        def copy(key: str, source: str = first) -> str:
+            client.copy({"Bucket": bucket, "Key": source}, bucket, key, Config=config, Callback=tick)
+            if bar:
+                bar.item_done()
+            return f"s3://{bucket}/{key}"
+
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            urls += list(pool.map(copy, rest))
+    if bar:
+        bar.close()
+    return UploadResult(urls, total, time.monotonic() - started)
+
+
+def cmd_upload(args) -> int:
+    result = upload([Path(t) for t in args.tarballs], args.destination, copies=args.copies,
+                    endpoint_url=args.endpoint_url, threads=args.threads, progress=not args.quiet)
+    for url in result.urls if args.list else result.urls[:3]:
+        print(url)
+    if not args.list and len(result.urls) > 3:
+        print(f"… {len(result.urls) - 3} more")
+    print(f"uploaded {len(result.urls)} objects ({result.bytes / MIB:,.1f} MiB) in {result.seconds:.1f}s",
+          file=sys.stderr)
+    return 0
+
+
+# ---- deploy ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Call:
+    service: str  # boto3 client name
+    operation: str  # snake_case boto3 method
+    params: dict
+
+    def __str__(self) -> str:
+        return f"{self.service}.{self.operation}({json.dumps(self.params, indent=2, sort_keys=True)})"
+
+
+@dataclass(frozen=True)
+class DeploySpec:
+    name: str
+    model_data_url: str  # s3://bucket/prefix/ holding the tarballs
+    role_arn: str
+    region: str
+    triton_version: str = DEFAULT_TRITON_VERSION
+    image: str | None = None  # overrides the image chosen from region and version
+    instance_type: str = "ml.g5.xlarge"
+    instance_count: int = 1
+    environment: dict = field(default_factory=dict)
+    min_instances: int = 1
+    max_instances: int = 0  # 0: no autoscaling
+    scaling_metric: str = "gpu"  # gpu: GPUUtilization (custom metric); invocations: InvocationsPerInstance
+    target_value: float = 0.0  # 0: 60 for GPUUtilization, 1000 for InvocationsPerInstance
+    scale_in_cooldown: int = 600
+    scale_out_cooldown: int = 200
+
+    def __post_init__(self) -> None:
+        split_s3_url(self.model_data_url)
+        if self.scaling_metric not in ("gpu", "invocations"):
+            raise ValueError(f"scaling metric {self.scaling_metric!r}: gpu or invocations")
+        if self.max_instances and self.max_instances < self.min_instances:
+            raise ValueError("--max-instances must be at least --min-instances")
+        if self.instance_count < 1:
+            raise ValueError("--instance-count must be at least 1")
+
+
+def deploy_plan(spec: DeploySpec) -> list[Call]:
+    """The calls that create the model (Mode=MultiModel), endpoint config, endpoint and autoscaling policy."""
+    bucket, prefix = split_s3_url(spec.model_data_url)
+    image = spec.image or triton_image_uri(spec.region, spec.triton_version)
+    model, config, endpoint = f"{spec.name}-model", f"{spec.name}-config", spec.name
+    calls = [
+        Call("sagemaker", "create_model", {
+            "ModelName": model,
+            "ExecutionRoleArn": spec.role_arn,
+            "PrimaryContainer": {
+                "Image": image,
+                "ModelDataUrl": f"s3://{bucket}/{prefix}",
+                "Mode": "MultiModel",
+                "Environment": {"SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE": "16777216",
+                                "SAGEMAKER_TRITON_SHM_GROWTH_BYTE_SIZE": "1048576", **spec.environment},
+            },
+        }),
+        Call("sagemaker", "create_endpoint_config", {
+            "EndpointConfigName": config,
+            "ProductionVariants": [{"VariantName": VARIANT, "ModelName": model, "InstanceType": spec.instance_type,
+                                    "InitialInstanceCount": spec.instance_count}],
+        }),
+        Call("sagemaker", "create_endpoint", {"EndpointName": endpoint, "EndpointConfigName": config}),
+    ]
+    if spec.max_instances:
+        resource = f"endpoint/{endpoint}/variant/{VARIANT}"
+        dimension = "sagemaker:variant:DesiredInstanceCount"
+        calls.append(Call("application-autoscaling", "register_scalable_target", {
+            "ServiceNamespace": "sagemaker", "ResourceId": resource, "ScalableDimension": dimension,
+            "MinCapacity": spec.min_instances, "MaxCapacity": spec.max_instances,
+        }))
+        if spec.scaling_metric == "gpu":
+            metric = {"CustomizedMetricSpecification": {
+                "MetricName": "GPUUtilization", "Namespace": "/aws/sagemaker/Endpoints",
+                "Dimensions": [{"Name": "EndpointName", "Value": endpoint}, {"Name": "VariantName", "Value": VARIANT}],
+                "Statistic": "Average", "Unit": "Percent"}}
+            target = spec.target_value or 60.0
+        else:
+            metric = {"PredefinedMetricSpecification": {
+                "PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"}}
+            target = spec.target_value or 1000.0
+        calls.append(Call("application-autoscaling", "put_scaling_policy", {
+            "PolicyName": f"{endpoint}-{'gpu-util' if spec.scaling_metric == 'gpu' else 'invocations'}-tracking",
+            "ServiceNamespace": "sagemaker", "ResourceId": resource, "ScalableDimension": dimension,
+            "PolicyType": "TargetTrackingScaling",
+            "TargetTrackingScalingPolicyConfiguration": {
+                "TargetValue": target, **metric,
+                "ScaleInCooldown": spec.scale_in_cooldown, "ScaleOutCooldown": spec.scale_out_cooldown},
+        }))
+    return calls
+
+
+CREATED = {"create_model": "ModelArn", "create_endpoint_config": "EndpointConfigArn",
+           "create_endpoint": "EndpointArn", "put_scaling_policy": "PolicyARN",
+           "register_scalable_target": "ScalableTargetARN"}
+
+
+def run_plan(calls: Sequence[Call], region: str, endpoint_url: str | None = None,
+             client_factory: Callable | None = None, out=None) -> list[dict]:
+    """Make each call in order; print what each created. Stops at the first failure (boto3's error)."""
+    import boto3
+
+    out = out or sys.stdout
+    clients: dict[str, object] = {}
+    responses = []
+    for call in calls:
+        if call.service not in clients:
+            clients[call.service] = (client_factory or boto3.client)(call.service, region_name=region,
+                                                                    endpoint_url=endpoint_url)
+        response = getattr(clients[call.service], call.operation)(**call.params)
+        responses.append(response)
+        created = response.get(CREATED.get(call.operation, ""), "")
+        what = created or call.params.get("PolicyName") or call.params.get("ResourceId", "")
+        print(f"{call.service}.{call.operation}: {what}", file=out)
+    return responses
+
+
+def cmd_deploy(args) -> int:
+    import boto3
+
+    region = args.region or boto3.session.Session().region_name or "us-east-1"
+    environment = dict(kv.split("=", 1) for kv in args.env or [])
+    spec = DeploySpec(
+        name=args.name, model_data_url=args.model_data_url, role_arn=args.role, region=region,
+        triton_version=args.triton_version, image=args.image, instance_type=args.instance_type,
+        instance_count=args.instance_count, environment=environment, min_instances=args.min_instances,
+        max_instances=args.max_instances, scaling_metric=args.scaling_metric, target_value=args.target_value,
+    )
+    calls = deploy_plan(spec)
+    if args.dry_run:
+        print(f"# dry run: {len(calls)} calls in {region}, none made")
+        for call in calls:
+            print(call)
+        return 0
+    run_plan(calls, region, endpoint_url=args.endpoint_url)
+    print(f"endpoint {spec.name} is being created; invoke with --target-model <tarball under "
+          f"{spec.model_data_url}> once it is InService", file=sys.stderr)
+    return 0
+
+
+def add_command(subparsers) -> None:
+    u = subparsers.add_parser("upload", help="upload MME tarballs to s3://bucket/prefix/ (multipart, with copies)",
+                              description=upload.__doc__)
+    u.add_argument("tarballs", nargs="+", metavar="TARBALL")
+    u.add_argument("destination", metavar="s3://bucket/prefix/")
+    u.add_argument("--copies", type=int, default=1, help="N copies named <stem>-<i>.tar.gz (default 1: own name)")
+    u.add_argument("--endpoint-url", help="S3 endpoint (an S3-compatible store, moto)")
+    u.add_argument("--threads", type=int, default=8, help="parallel parts and copies (default 8)")
+    u.add_argument("--list", action="store_true", help="print every uploaded URL, not only the first ones")
+    u.add_argument("--quiet", action="store_true", help="no progress bar")
+    u.set_defaults(func=cmd_upload)
+
+    d = subparsers.add_parser("deploy", help="create a SageMaker multi-model endpoint on the Triton image",
+                              description="Creates the SageMaker model (Mode=MultiModel, ModelDataUrl = the "
+                                          "tarballs' S3 prefix, the SageMaker Triton image for the region), the "
+                                          "endpoint config, the endpoint and, with --max-instances, a target "
+                                          "tracking autoscaling policy. --dry-run prints the calls only.")
+    d.add_argument("--name", required=True, help="endpoint name (model and config are <name>-model/-config)")
+    d.add_argument("--model-data-url", required=True, help="s3://bucket/prefix/ holding the tarballs")
+    d.add_argument("--role", required=True, help="SageMaker execution role ARN")
+    d.add_argument("--region", help="default: the boto3 session's region, else us-east-1")
+    d.add_argument("--triton-version", default=DEFAULT_TRITON_VERSION,
+                   help=f"SageMaker Triton container version (default {DEFAULT_TRITON_VERSION})")
+    d.add_argument("--image", help="container image URI (overrides region and version)")
+    d.add_argument("--instance-type", default="ml.g5.xlarge")
+    d.add_argument("--instance-count", type=int, default=1)
+    d.add_argument("--env", action="append", metavar="KEY=VALUE", help="container environment (repeatable)")
+    d.add_argument("--min-instances", type=int, default=1)
+    d.add_argument("--max-instances", type=int, default=0, help="enable autoscaling up to N instances")
+    d.add_argument("--scaling-metric", choices=("gpu", "invocations"), default="gpu",
+                   help="gpu: GPUUtilization (custom metric, target 60); invocations: "
+                        "SageMakerVariantInvocationsPerInstance (target 1000)")
+    d.add_argument("--target-value", type=float, default=0.0, help="target of the tracking policy")
+    d.add_argument("--endpoint-url", help="API endpoint for SageMaker and Application Auto Scaling (moto)")
+    d.add_argument("--dry-run", action="store_true", help="print the calls, make none")
+    d.set_defaults(func=cmd_deploy)

@@ -1,0 +1,85 @@
+"""Structural checks of a KServe v2 inference request body, for front-ends that sit before tritonserver.
+
+Triton 2.51's HTTP front-end answers some malformed bodies with 500 (a body that is not JSON, JSON without
+`inputs`, a negative shape, an `Inference-Header-Content-Length` shorter than the JSON) and accepts others
+it should refuse (an empty body; a dimension of 2**32 or more wraps around). A gateway (the local MME)
+calls `infer_request_problem` first and answers 400 with the reason; everything else — names, dtypes,
+ranks, batch size, element counts against the model's config — Triton itself answers with 400.
+
+Pure standard library; see README, "Reliability".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+MAX_DIM = 2**31 - 1  # Triton keeps dims as int64 but wraps batch sizes at 2**32
+MAX_ELEMENTS = 2**31 - 1
+
+
+def infer_request_problem(body: bytes, header_length: str | None = None) -> str | None:
+    """Why `body` (with its `Inference-Header-Content-Length` header, if any) is not a well-formed v2 request;
+    None when it is."""
+    if not body:
+        return "empty request body (expected a KServe v2 JSON request)"
+    if header_length is None:
+        json_part, binary_size = body, 0
+    else:
+        try:
+            length = int(str(header_length).strip())
+        except ValueError:
+            return f"{HEADER_LENGTH} {header_length!r} is not an integer"
+        if not 0 < length <= len(body):
+            return f"{HEADER_LENGTH} {length} is outside the body's {len(body)} bytes"
+        json_part, binary_size = body[:length], len(body) - length
+    try:
+        request = json.loads(json_part)
+    except (UnicodeDecodeError, ValueError) as e:
+        return f"request header is not JSON: {e}"
+    if not isinstance(request, dict):
+        return f"request must be a JSON object, got {type(request).__name__}"
+    inputs = request.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        return "request needs a non-empty 'inputs' list"
+    declared_binary = 0
+    for i, tensor in enumerate(inputs):
+        problem, size = _input_problem(tensor, binary_size > 0)
+        if problem:
+            return f"inputs[{i}]: {problem}"
+        declared_binary += size
+    if declared_binary != binary_size:
+        return f"inputs declare {declared_binary} binary bytes but the body carries {binary_size}"
+    outputs = request.get("outputs", [])
+    if not isinstance(outputs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str)
+                                                for o in outputs):
+        return "'outputs' must be a list of objects with a 'name'"
+    if not isinstance(request.get("parameters", {}), dict):
+        return "'parameters' must be an object"
+    return None
+
+
+def _input_problem(tensor, has_binary: bool) -> tuple[str | None, int]:
+    if not isinstance(tensor, dict):
+        return "must be an object", 0
+    if not isinstance(tensor.get("name"), str) or not tensor["name"]:
+        return "needs a 'name' string", 0
+    if not isinstance(tensor.get("datatype"), str):
+        return "needs a 'datatype' string", 0
+    shape = tensor.get("shape")
+    if not isinstance(shape, list) or not all(type(d) is int and 0 <= d <= MAX_DIM for d in shape):
+        return f"'shape' must be a list of integers in [0, {MAX_DIM}], got {str(shape)[:80]}", 0
+    if math.prod(shape) > MAX_ELEMENTS:
+        return f"shape {shape} has more than {MAX_ELEMENTS} elements", 0
+    parameters = tensor.get("parameters", {})
+    if not isinstance(parameters, dict):
+        return "'parameters' must be an object", 0
+    size = parameters.get("binary_data_size")
+    if size is None:
+        return (None, 0) if "data" in tensor else ("has neither 'data' nor 'binary_data_size'", 0)
+    if type(size) is not int or size < 0:
+        return f"binary_data_size must be a non-negative integer, got {size!r}", 0
+    if not has_binary and size:
+        return f"binary_data_size {size} but no {HEADER_LENGTH} header", 0
+    return None, size

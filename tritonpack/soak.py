@@ -1,0 +1,284 @@
+"""Soak a served ensemble: many mixed valid and hostile requests at fixed concurrency, on its own tritonserver.
+
+Measures what the reliability contract promises (README, "Reliability"): no valid request fails or changes its
+answer, hostile ones get the answer `tritonpack.hostile` records, server + stub RSS after warm-up stays
+flat, and after shutdown no process of the server's group and none of its /dev/shm regions are left.
+
+    python -m tritonpack.soak dist/bert-portable --requests 10000 --concurrency 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tritonpack import hostile
+from tritonpack.server import TritonServer
+
+STATUS_CLASS = {"2xx": range(200, 300), "4xx": range(400, 500), "5xx": range(500, 600)}
+WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "triton", "serves",
+         "sentence", "embeddings", "on", "two", "small", "cores", "with", "dynamic", "batching", "and", "python",
+         "stubs", "talking", "through", "shared", "memory", "naïve", "café", "東京", "🙂")
+
+
+@dataclass(frozen=True)
+class Workload:
+    ensemble: str
+    valid: list[hostile.RawRequest]
+    hostile: list[hostile.HostileCase]
+
+    @property
+    def path(self) -> str:
+        return f"/v2/models/{self.ensemble}/infer"
+
+
+@dataclass
+class SoakReport:
+    ensemble: str
+    requests: int = 0
+    valid: int = 0
+    hostile: int = 0
+    valid_failures: list[str] = field(default_factory=list)
+    hostile_unexpected: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+    rss_kb_after_warmup: int = 0
+    rss_kb_end: int = 0
+    rss_kb_by_process_end: dict[str, int] = field(default_factory=dict)
+    server_regions: list[str] = field(default_factory=list)
+    regions_left: list[str] = field(default_factory=list)
+    processes_left: list[int] = field(default_factory=list)
+    shm_regions_before: int = 0
+    shm_regions_after: int = 0
+    stop_s: float = 0.0
+    log: str = ""
+
+    @property
+    def rss_growth(self) -> float:
+        return self.rss_kb_end / max(self.rss_kb_after_warmup, 1) - 1.0
+
+    def summary(self) -> str:
+        return (f"{self.ensemble}: {self.requests} requests ({self.hostile} hostile) in {self.duration_s:.0f}s, "
+                f"{len(self.valid_failures)} valid failed, {len(self.hostile_unexpected)} hostile unexpected; "
+                f"RSS {self.rss_kb_after_warmup / 1024:.0f} → {self.rss_kb_end / 1024:.0f} MiB "
+                f"({self.rss_growth:+.1%}); /dev/shm regions {self.shm_regions_before} before, "
+                f"{self.shm_regions_after} after ({len(self.regions_left)} of ours left); "
+                f"{len(self.processes_left)} processes left")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self) | {"rss_growth": self.rss_growth}, indent=2)
+
+
+def sentence(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 40)))
+
+
+def text_workload(ensemble: str, pool: int = 64, seed: int = 0) -> Workload:
+    rng = random.Random(seed)
+    valid = [hostile.text_request([sentence(rng) for _ in range(rng.choice((1, 1, 2, 4, 8)))]) for _ in range(pool)]
+    return Workload(ensemble, valid, hostile.text_cases())
+
+
+def image_workload(ensemble: str, pool: int = 16, seed: int = 0) -> Workload:
+    rng = random.Random(seed)
+    valid = [hostile.image_request(hostile.sample_jpeg((rng.randint(32, 320), rng.randint(32, 320)), seed=i))
+             for i in range(pool)]
+    return Workload(ensemble, valid, hostile.image_cases(hostile.sample_jpeg()))
+
+
+def rss_kb(pids) -> dict[int, int]:
+    sizes = {}
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    sizes[pid] = int(line.split()[1])
+        except OSError:
+            continue
+    return sizes
+
+
+def stub_regions(pids) -> set[str]:
+    """The /dev/shm region names our python stubs were started with (their command lines name them)."""
+    regions = set()
+    for pid in pids:
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        regions.update(a.decode() for a in args if a.startswith(b"triton_python_backend_shm_region"))
+    return regions
+
+
+def process_name(pid: int) -> str:
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return str(pid)
+    if b"triton_python_backend_stub" in args[0] and len(args) > 1:
+        return f"stub:{Path(args[1].decode()).parent.parent.name}"
+    return Path(args[0].decode()).name
+
+
+def outputs(text: str) -> dict[str, np.ndarray]:
+    return {o["name"]: np.asarray(o["data"], dtype=np.float32) for o in json.loads(text)["outputs"]}
+
+
+class _Runner:
+    def __init__(self, server: TritonServer, workload: Workload, concurrency: int):
+        import requests
+
+        self.server, self.workload = server, workload
+        self.local = threading.local()
+        self.session_class = requests.Session
+        self.sessions: list = []
+        self.pool = ThreadPoolExecutor(concurrency)
+        self.expected: list[dict[str, np.ndarray]] = []
+
+    def send(self, request: hostile.RawRequest):
+        if not hasattr(self.local, "session"):
+            self.local.session = self.session_class()
+            self.sessions.append(self.local.session)
+        try:
+            return hostile.send(self.server.url, self.workload.path, request, session=self.local.session)
+        except Exception as e:  # noqa: BLE001 - a connection failure is a failed request, reported
+            return 0, f"{type(e).__name__}: {e}"
+
+    def references(self) -> None:
+        for request in self.workload.valid:
+            status, text = self.send(request)
+            if status != 200:
+                raise RuntimeError(f"valid request failed before the soak: {status} {text[:300]}")
+            self.expected.append(outputs(text))
+
+    def one(self, kind: str, index: int) -> tuple[str, int, str | None]:
+        if kind == "hostile":
+            case = self.workload.hostile[index]
+            status, text = self.send(case.request)
+            ok = status in STATUS_CLASS[case.direct]
+            return kind, index, None if ok else f"{case.name}: expected {case.direct}, got {status}: {text[:200]}"
+        status, text = self.send(self.workload.valid[index])
+        if status != 200:
+            return kind, index, f"valid #{index}: {status}: {text[:200]}"
+        got = outputs(text)
+        for name, expected in self.expected[index].items():
+            if name not in got or not np.allclose(got[name], expected, rtol=1e-4, atol=1e-4):
+                return kind, index, f"valid #{index}: {name} differs from the reference answer"
+        return kind, index, None
+
+    def close(self) -> None:
+        """Close keep-alive connections: tritonserver waits for open ones before it unloads models."""
+        self.pool.shutdown()
+        for session in self.sessions:
+            session.close()
+
+    def run(self, plan: list[tuple[str, int]]) -> list[tuple[str, int, str | None]]:
+        return list(self.pool.map(lambda item: self.one(*item), plan))
+
+
+def plan_requests(workload: Workload, count: int, hostile_fraction: float, seed: int) -> list[tuple[str, int]]:
+    rng = random.Random(seed)
+    every = max(1, round(1 / hostile_fraction)) if hostile_fraction > 0 else 0
+    plan = []
+    for i in range(count):
+        if every and i % every == every - 1:
+            plan.append(("hostile", (i // every) % len(workload.hostile)))
+        else:
+            plan.append(("valid", rng.randrange(len(workload.valid))))
+    return plan
+
+
+def soak(repository: Path, workload: Workload, requests: int = 10_000, concurrency: int = 8,
+         hostile_fraction: float = 0.1, warmup: int = 200, seed: int = 0, progress=None) -> SoakReport:
+    report = SoakReport(workload.ensemble)
+    report.shm_regions_before = len(hostile.shm_regions())
+    server = TritonServer(Path(repository))
+    pgid = None
+    try:
+        server.start()
+        pgid = server.process.pid
+        runner = _Runner(server, workload, concurrency)
+        try:
+            runner.references()
+            # warm-up: every hostile case once, then valid traffic at full concurrency
+            runner.run([("hostile", i) for i in range(len(workload.hostile))])
+            runner.run(plan_requests(workload, warmup, 0.0, seed + 1))
+            report.server_regions = sorted(stub_regions(server.process_group_pids()))
+            report.rss_kb_after_warmup = sum(rss_kb(server.process_group_pids()).values())
+            plan = plan_requests(workload, requests, hostile_fraction, seed)
+            start = time.monotonic()
+            chunk = max(1, requests // 10)
+            for begin in range(0, len(plan), chunk):
+                for kind, _, problem in runner.run(plan[begin:begin + chunk]):
+                    report.requests += 1
+                    setattr(report, kind, getattr(report, kind) + 1)
+                    if problem:
+                        (report.valid_failures if kind == "valid" else report.hostile_unexpected).append(problem)
+                if progress:
+                    progress(f"{report.requests}/{requests} requests, {time.monotonic() - start:.0f}s, "
+                             f"RSS {sum(rss_kb(server.process_group_pids()).values()) / 1024:.0f} MiB")
+            report.duration_s = time.monotonic() - start
+            sizes = rss_kb(server.process_group_pids())
+            report.rss_kb_end = sum(sizes.values())
+            report.rss_kb_by_process_end = {f"{process_name(p)}[{p}]": kb for p, kb in sizes.items()}
+        finally:
+            runner.close()
+    finally:
+        report.log = str(server.log_path)
+        stopping = time.monotonic()
+        server.stop()
+        report.stop_s = time.monotonic() - stopping
+    report.processes_left = group_members(pgid) if pgid else []
+    report.regions_left = sorted(set(report.server_regions) & hostile.shm_regions())
+    report.shm_regions_after = len(hostile.shm_regions())
+    return report
+
+
+def group_members(pgid: int) -> list[int]:
+    """Every process (zombies included) still in process group `pgid`."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:  # fields after the command: state, ppid, pgrp, …
+                members.append(int(entry.name))
+    return members
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tritonpack.soak", description=__doc__.splitlines()[0])
+    parser.add_argument("repository", type=Path)
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--hostile-fraction", type=float, default=0.1)
+    parser.add_argument("--report", type=Path, help="write the figures as JSON here")
+    args = parser.parse_args(argv)
+    from tritonpack.cli import repository_entry
+
+    ensemble, input_name = repository_entry(args.repository)
+    workload = text_workload(ensemble) if input_name == "TEXT" else image_workload(ensemble)
+    report = soak(args.repository, workload, args.requests, args.concurrency, args.hostile_fraction,
+                  progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(report.summary())
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(report.to_json())
+    return 0 if not (report.valid_failures or report.hostile_unexpected or report.processes_left
+                     or report.regions_left) else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(main())
