@@ -22,7 +22,7 @@ export TOKENIZERS_PARALLELISM ?= false
 BUILD_ARGS = $(NAME) $(if $(TARGET),--target $(TARGET)) $(if $(MODEL),--model $(MODEL)) $(if $(WEIGHTS),--weights $(WEIGHTS))$(if $(GRAPHDEF), --weights $(GRAPHDEF))$(if $(MODEL_FORMAT), --model-format $(MODEL_FORMAT))$(if $(ENV), --env)$(if $(PYTHON_VERSION), --env-python $(PYTHON_VERSION))
 REPO = dist/$(NAME)-$(or $(TARGET),portable)
 
-.PHONY: help setup ensemble build serve test lint clean env check mme
+.PHONY: help setup ensemble build serve test soak lint clean env check mme
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -58,6 +58,10 @@ mme: $(STAMP) ## local SageMaker MME on MME_PORT (8080) serving dist/*.tar.gz; b
 
 test: $(STAMP) ## run the test suite (unit tests and real-tritonserver tests)
 	$(BIN)/python -m pytest
+
+soak: $(STAMP) ## reliability soak: 10,000 mixed requests per ensemble, many fuzzed archives (figures: dist/soak/)
+	$(BIN)/python -m pytest -m soak -s tests/test_soak.py
+	TRITONPACK_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest tests/test_archive_fuzz.py
 
 lint: $(STAMP) ## ruff
 	$(BIN)/ruff check .

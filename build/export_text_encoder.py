@@ -98,6 +98,38 @@ def export(model_dir: Path, out_dir: Path, input_names: list[str], max_length: i
     return {"onnx": onnx_path, "torchscript": pt_path}
 
 
+def fuse(model_dir: Path, onnx_path: Path, out_path: Path, input_names: list[str], max_length: int) -> float:
+    """ONNX Runtime's transformer fusions (Attention, EmbedLayerNormalization, SkipLayerNormalization, BiasGelu)
+    applied offline to `onnx_path`, written to `out_path`; returns the max abs diff from PyTorch on real tokens
+    and raises above MAX_ABS_DIFF.
+
+    The fused graph uses com.microsoft contrib ops: ONNX Runtime (CPU and CUDA) runs it, TensorRT does not, so
+    the gpu target keeps building its plan from the plain export. opt_level 0 keeps the graph provider-neutral
+    (ONNX Runtime applies its own hardware-specific optimisations when it opens the session).
+    """
+    import json
+
+    import onnxruntime as ort
+    import torch
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    fused = optimize_model(str(onnx_path), model_type="bert", num_heads=int(config["num_attention_heads"]),
+                           hidden_size=int(config["hidden_size"]), opt_level=0)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fused.save_model_to_file(str(out_path))
+    inputs = _check_inputs(model_dir, input_names, max_length)
+    with torch.inference_mode():
+        expected = _load(model_dir)(*(torch.from_numpy(inputs[n]) for n in input_names)).numpy()
+    session = ort.InferenceSession(str(out_path), providers=["CPUExecutionProvider"])
+    diff = max_diff_on_real_tokens(expected, session.run(None, inputs)[0], inputs["attention_mask"])
+    if not diff <= MAX_ABS_DIFF:
+        raise RuntimeError(f"fused ONNX of {model_dir} differs from PyTorch by {diff:.2e} > {MAX_ABS_DIFF}")
+    counts = {k: v for k, v in fused.get_fused_operator_statistics().items() if v}
+    print(f"fused {Path(model_dir).name}: {counts}, max abs diff {diff:.1e}")
+    return diff
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", type=Path)

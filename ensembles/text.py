@@ -179,3 +179,19 @@ def encoder_artifacts(source: SentenceTransformerSource, cache: Path) -> dict[st
 
     out = cached_dir(cache, "text-encoder", source.path, {"inputs": inputs, "opset": 17}, produce)
     return {"onnx": out / "model.onnx", "torchscript": out / "model.pt"}
+
+
+def fused_encoder_onnx(source: SentenceTransformerSource, onnx: Path, cache: Path) -> Path:
+    """The ONNX export with ONNX Runtime's transformer fusions (for ONNX Runtime only), checked against PyTorch."""
+    import onnxruntime
+
+    from build.export_text_encoder import fuse
+    from tritonpack.cache import cached_dir
+
+    inputs = [t.name for t in source.encoder_inputs()]
+
+    def produce(out: Path) -> None:
+        fuse(source.path, onnx, out / "model.onnx", inputs, source.max_seq_length)
+
+    settings = {"fusion": "bert", "opt_level": 0, "onnxruntime": onnxruntime.__version__}
+    return cached_dir(cache, "text-encoder-fused", onnx, settings, produce) / "model.onnx"

@@ -260,3 +260,16 @@ def test_local_mme_serves_random_targets_when_200_copies_are_on_s3(moto_server, 
         assert values["ModelDownloadingTime_count"] == 20 and values["ModelUnloadingTime_count"] == 15
         status, _, message = error_of(lambda: embed(runtime, f"{stem}-200.tar.gz", FEW))
         assert status == 404 and "s3://mme-copies/bert/" in message
+
+
+def test_infer_cli_prints_embeddings_when_pointed_at_the_local_mme(mme, tiny_reference, capsys):
+    import json
+
+    from tritonpack import cli
+
+    code = cli.main(["infer", "--mme", mme.url, "--target-model", "tiny-a.tar.gz", "--format", "json", "--json",
+                     *FEW])
+    assert code == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["model"] == "tiny-a.tar.gz"
+    assert_embeddings_match(np.array(answer["embeddings"], dtype=np.float32), tiny_reference(FEW))

@@ -158,6 +158,8 @@ def _member_problems(member: tarfile.TarInfo, seen: dict[str, tarfile.TarInfo], 
         resolved = normalise_name(target)
         if target.startswith("/") or ".." in target.split("/"):
             problems.append(Problem(name, "link", f"hard link to {target} leads outside the archive"))
+        elif target.removeprefix("./") != resolved:  # "a/", "a/.": tarfile cannot link them when streaming
+            problems.append(Problem(name, "link", f"hard link to {target}, which is not a plain file name"))
         elif resolved not in seen or not seen[resolved].isfile():
             problems.append(Problem(name, "link", f"hard link to {target}, which is not an earlier file here"))
         links.add(norm)
@@ -264,6 +266,9 @@ def safe_extract(tar_path: Path, dest: Path, limits: ArchiveLimits | None = None
         shutil.rmtree(staging, ignore_errors=True)
         raise ArchiveError([Problem(tar_path.name, "path", f"entries collide: {e.strerror}: "
                                     f"{Path(e.filename).relative_to(staging) if e.filename else ''}")]) from None
+    except (tarfile.ExtractError, tarfile.StreamError, RecursionError) as e:  # link chains tarfile cannot resolve
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ArchiveError([Problem(tar_path.name, "link", f"cannot be extracted safely: {e}")]) from None
     except tarfile.FilterError as e:
         shutil.rmtree(staging, ignore_errors=True)
         name = getattr(getattr(e, "tarinfo", None), "name", tar_path.name)

@@ -104,8 +104,13 @@ def cmd_infer(args) -> int:
 
         if not args.target_model:
             raise SystemExit("--mme needs --target-model (the tarball to invoke)")
-        vectors = embed_texts(texts, args.target_model, fmt=args.format, endpoint_name=args.endpoint_name,
-                              endpoint_url=None if args.mme == "aws" else args.mme)
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            vectors = embed_texts(texts, args.target_model, fmt=args.format, endpoint_name=args.endpoint_name,
+                                  endpoint_url=None if args.mme == "aws" else args.mme)
+        except (ClientError, BotoCoreError) as e:
+            raise SystemExit(f"{args.target_model}: {e}") from None
         args.model = args.target_model
     else:
         vectors = embed(args.url, args.model, texts)

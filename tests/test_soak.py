@@ -1,0 +1,49 @@
+"""Soak: mixed valid and hostile requests at concurrency 8 on an own tritonserver (`tritonpack.soak`).
+
+The fast subset (300 requests on `bert`) runs in `make test`; `make soak` runs 10,000 requests against `bert` and
+an image ensemble and also holds server + stub RSS growth after warm-up to 5 %. Figures go to dist/soak/.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import ensembles
+from tests.conftest import PROJECT_ROOT
+from tritonpack.soak import image_workload, soak, text_workload
+
+IMAGE_ENSEMBLE = "resnet_pt"
+MAX_RSS_GROWTH = 0.05
+
+
+def check(report, max_rss_growth: float | None) -> None:
+    print(report.summary())
+    out = PROJECT_ROOT / "dist" / "soak"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{report.ensemble}-{report.requests}.json").write_text(report.to_json())
+    assert report.valid_failures == [], report.valid_failures[:5]
+    assert report.hostile_unexpected == [], report.hostile_unexpected[:5]
+    assert report.processes_left == [], "processes (or zombies) of the server's group outlived stop()"
+    assert report.regions_left == [], "the server's /dev/shm regions outlived stop()"
+    if max_rss_growth is not None:
+        assert report.rss_growth <= max_rss_growth, report.summary()
+
+
+@pytest.mark.server
+def test_soak_answers_every_valid_request_and_leaves_nothing_when_300_mixed_requests_hit_bert(build_ensemble):
+    check(soak(build_ensemble("bert").repository, text_workload("bert"), requests=300, warmup=50), None)
+
+
+@pytest.mark.server
+@pytest.mark.soak
+def test_soak_keeps_rss_flat_and_answers_every_valid_request_when_10000_mixed_requests_hit_bert(build_ensemble):
+    check(soak(build_ensemble("bert").repository, text_workload("bert"), requests=10_000), MAX_RSS_GROWTH)
+
+
+@pytest.mark.server
+@pytest.mark.soak
+def test_soak_keeps_rss_flat_and_answers_every_valid_request_when_10000_mixed_requests_hit_images(build_ensemble):
+    if IMAGE_ENSEMBLE not in ensembles.NAMES:
+        pytest.skip(f"{IMAGE_ENSEMBLE} is not registered")
+    report = soak(build_ensemble(IMAGE_ENSEMBLE).repository, image_workload(IMAGE_ENSEMBLE), requests=10_000)
+    check(report, MAX_RSS_GROWTH)
