@@ -16,13 +16,14 @@ PYTHON_VERSION ?=# make env / ENV=1: the target container's Python (default: thi
 TRITON_CONTAINER ?=# make env / make check: a Triton container release (e.g. 24.10) instead of PYTHON_VERSION
 MME_PORT ?= 8080
 MAX_MODELS ?= 8
+BENCH ?= full# make bench: full | smoke (small corpus, one repetition; what CI runs)
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 BUILD_ARGS = $(NAME) $(if $(TARGET),--target $(TARGET)) $(if $(MODEL),--model $(MODEL)) $(if $(WEIGHTS),--weights $(WEIGHTS))$(if $(GRAPHDEF), --weights $(GRAPHDEF))$(if $(MODEL_FORMAT), --model-format $(MODEL_FORMAT))$(if $(ENV), --env)$(if $(PYTHON_VERSION), --env-python $(PYTHON_VERSION))
 REPO = dist/$(NAME)-$(or $(TARGET),portable)
 
-.PHONY: help setup ensemble build serve test soak lint clean env check mme
+.PHONY: help setup ensemble build serve test soak lint clean env check mme bench bench-smoke
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -62,6 +63,12 @@ test: $(STAMP) ## run the test suite (unit tests and real-tritonserver tests)
 soak: $(STAMP) ## reliability soak: 10,000 mixed requests per ensemble, many fuzzed archives (figures: dist/soak/)
 	$(BIN)/python -m pytest -m soak -s tests/test_soak.py
 	TRITONPACK_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest tests/test_archive_fuzz.py
+
+bench: $(STAMP) ## served bert vs in-process baselines, P1–P6 (BENCH=smoke: quick) → dist/bench/report.md
+	$(BIN)/tritonpack bench --mode $(BENCH)
+
+bench-smoke: $(STAMP) ## the quick bench CI runs (small corpus, one repetition) → dist/bench/report.md
+	$(BIN)/tritonpack bench --mode smoke
 
 lint: $(STAMP) ## ruff
 	$(BIN)/ruff check .

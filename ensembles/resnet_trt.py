@@ -33,9 +33,17 @@ def models(request, cache) -> list[ModelFolder]:
 
 def resnet50_plan(onnx, max_batch_size: int, fp16: bool, cache):
     """Profile over batch 1..max_batch_size (optimised for half of it) at 3x224x224."""
-    from build.build_tensorrt import ShapeProfile, build_plan
+    from build import build_tensorrt
+    from build.build_tensorrt import ShapeProfile, TensorRTUnavailable
 
     shape = INPUT.dims
     profile = ShapeProfile(INPUT.name, (1, *shape), (max(1, max_batch_size // 2), *shape), (max_batch_size, *shape))
     plan = cache / f"{onnx.parent.name}-{'fp16' if fp16 else 'fp32'}-b{max_batch_size}.plan"
-    return plan if plan.exists() else build_plan(onnx, plan, [profile], fp16=fp16)
+    if plan.exists():
+        return plan
+    try:
+        return build_tensorrt.build_plan(onnx, plan, [profile], fp16=fp16)
+    except TensorRTUnavailable as e:  # resnet_trt has no cpu target: say what to build instead
+        reason = str(e).split(";")[0]
+        raise TensorRTUnavailable(f"{reason}; build resnet_trt --target portable (runs the plan's ONNX) "
+                                  "or resnet_pt for a CPU target") from None

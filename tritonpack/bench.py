@@ -198,15 +198,55 @@ class LoadMonitor:
 
 @dataclass
 class Run:
-    """One timed pass of one side over the same work."""
+    """One timed pass of one side over the same work.
+
+    `cpu_seconds`: CPU time this bench process and every tritonserver it started (stubs included) used during
+    the pass. On a machine other processes load, wall-clock throughput depends on how many runnable threads
+    each side has (the scheduler shares the cores per thread); items per CPU-second does not.
+    """
 
     items: int
     seconds: float
     latencies_ms: list[float] = field(default_factory=list)
+    cpu_seconds: float | None = None
 
     @property
     def per_second(self) -> float:
         return self.items / self.seconds
+
+    @property
+    def per_cpu_second(self) -> float | None:
+        return self.items / self.cpu_seconds if self.cpu_seconds else None
+
+
+class CpuMeter:
+    """CPU seconds (user + system) used so far by this process and the process groups of registered servers."""
+
+    def __init__(self) -> None:
+        self.groups: list[int] = []
+        self.hz = os.sysconf("SC_CLK_TCK")
+
+    def seconds(self) -> float:
+        total = sum(os.times()[:2])
+        if self.groups:
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit():
+                    continue
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    stat = (entry / "stat").read_text()
+                    fields = stat[stat.rindex(")") + 2:].split()
+                    if int(fields[2]) in self.groups:  # field 5 of stat: process group
+                        total += (int(fields[11]) + int(fields[12])) / self.hz
+        return total
+
+    def measure(self, side: Callable[[], Run]) -> Run:
+        before = self.seconds()
+        run = side()
+        run.cpu_seconds = self.seconds() - before
+        return run
+
+
+CPU = CpuMeter()
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -219,17 +259,21 @@ def alternate(sides: dict[str, Callable[[], Run]], repetitions: int, log: Callab
     runs: dict[str, list[Run]] = {n: [] for n in names}
     for rep in range(repetitions):
         for name in names if rep % 2 == 0 else list(reversed(names)):
-            run = sides[name]()
+            run = CPU.measure(sides[name])
             runs[name].append(run)
-            log(f"    rep {rep + 1}/{repetitions} {name}: {run.per_second:8.1f}/s")
+            log(f"    rep {rep + 1}/{repetitions} {name}: {run.per_second:8.1f}/s, "
+                f"{run.per_cpu_second or 0:6.1f} per CPU-second")
     return runs
 
 
 def ratio_summary(numerator: list[Run], denominator: list[Run], target: float | None) -> dict:
     ratios = [a.per_second / b.per_second for a, b in zip(numerator, denominator)]
     median = statistics.median(ratios)
+    cpu = [a.per_cpu_second / b.per_cpu_second for a, b in zip(numerator, denominator)
+           if a.per_cpu_second and b.per_cpu_second]
     return {"median": median, "ratios": ratios, "target": target,
-            "met": None if target is None else median >= target}
+            "met": None if target is None else median >= target,
+            "per_cpu_second_median": statistics.median(cpu) if cpu else None, "per_cpu_second_ratios": cpu}
 
 
 def side_summary(runs: list[Run], unit: str = "sentences/s") -> dict:
@@ -237,6 +281,7 @@ def side_summary(runs: list[Run], unit: str = "sentences/s") -> dict:
     return {
         "throughput_median": statistics.median(r.per_second for r in runs),
         "throughput_runs": [r.per_second for r in runs],
+        "per_cpu_second_median": statistics.median(r.per_cpu_second or 0 for r in runs),
         "unit": unit,
         "latency_p50_ms": percentile(latencies, 50),
         "latency_p99_ms": percentile(latencies, 99),
@@ -351,8 +396,10 @@ class ServedSide:
         self.server, self.model, self.protocol = server, model, protocol
         self._workers: list[tuple[threading.Thread, queue.Queue]] = []
 
+    client_class = ServedClient
+
     def _worker(self, tasks: queue.Queue) -> None:
-        client = ServedClient(self.server, self.model, self.protocol)
+        client = self.client_class(self.server, self.model, self.protocol)
         try:
             while (task := tasks.get()) is not None:
                 task(client)
@@ -451,11 +498,18 @@ class Bench:
         server = TritonServer(repository, log_path=self.out / "logs" / f"{repository.parent.name}.log")
         self.servers.append(server)
         server.start()
+        CPU.groups.append(server.process.pid)  # the server is its process group's leader (start_new_session)
         return server
 
     def stop_servers(self) -> None:
         while self.servers:
-            self.servers.pop().stop()
+            self.stop_server(self.servers[-1])
+
+    def stop_server(self, server) -> None:
+        with contextlib.suppress(ValueError):
+            CPU.groups.remove(server.process.pid)
+        self.servers.remove(server)
+        server.stop()
 
     # ---- P1, P2, P3 -----------------------------------------------------------------------------------------
     def text(self) -> None:
@@ -543,8 +597,7 @@ class Bench:
                                   "batching off": lambda: served_off.run(singles, 8)}, s.repetitions, self.log)
             finally:
                 served_off.close()
-                server_off.stop()
-                self.servers.remove(server_off)
+                self.stop_server(server_off)
             self.results["P3"] = {"on": side_summary(runs["batching on"]), "off": side_summary(runs["batching off"]),
                                   "ratio": ratio_summary(runs["batching on"], runs["batching off"],
                                                          TARGETS["P3_c8"])}

@@ -76,13 +76,17 @@ def structural_cases(input_name: str, datatype: str, valid_shape: list[int], val
     """Cases Triton itself judges from the request: names, dtypes, ranks, counts and malformed bodies."""
     one = {"name": input_name, "shape": valid_shape, "datatype": datatype, "data": valid_data}
     wrong_dtype = "FP32" if datatype != "FP32" else "INT64"
+    # Triton 2.51 checks JSON data against the shape for BYTES with 400, for numeric types in its parser (500);
+    # an empty body reaches the model as an empty tensor (BYTES: one empty string, answered 200)
+    numeric = datatype != "BYTES"
     return [
         HostileCase("wrong_dtype", json_request([one | {"datatype": wrong_dtype, "data": [1] * len(valid_data)}])),
         HostileCase("wrong_input_name", json_request([one | {"name": input_name + "_X"}])),
         HostileCase("missing_input", json_request([])),
         HostileCase("wrong_rank_low", json_request([one | {"shape": valid_shape[1:]}])),
         HostileCase("wrong_rank_high", json_request([one | {"shape": valid_shape + [1]}])),
-        HostileCase("shape_data_disagree", json_request([one | {"shape": [3] + valid_shape[1:]}])),
+        HostileCase("shape_data_disagree", json_request([one | {"shape": [3] + valid_shape[1:]}]),
+                    "5xx" if numeric else "4xx"),
         HostileCase("unknown_datatype", json_request([one | {"datatype": "NOPE"}])),
         HostileCase("unknown_output", json_request([one], [{"name": "NOPE"}])),
         HostileCase("header_length_beyond_body", _with_header(json_request([one]), lambda n: n + 100)),
@@ -92,8 +96,9 @@ def structural_cases(input_name: str, datatype: str, valid_shape: list[int], val
         HostileCase("json_without_inputs", RawRequest(b'{"foo": 1}'), "5xx"),
         HostileCase("negative_dim", json_request([one | {"shape": [-1] + valid_shape[1:]}]), "5xx"),
         HostileCase("header_length_short", _with_header(json_request([one]), lambda n: 5), "5xx"),
-        HostileCase("empty_body", RawRequest(b""), "2xx"),
-        HostileCase("dim_wraps_at_2_32", json_request([one | {"shape": [2**32] + valid_shape[1:]}]), "2xx"),
+        HostileCase("empty_body", RawRequest(b""), "4xx" if numeric else "2xx"),
+        HostileCase("dim_wraps_at_2_32", json_request([one | {"shape": [2**32] + valid_shape[1:]}]),
+                    "5xx" if numeric else "2xx"),
     ]
 
 

@@ -77,9 +77,28 @@ def _input_problem(tensor, has_binary: bool) -> tuple[str | None, int]:
         return "'parameters' must be an object", 0
     size = parameters.get("binary_data_size")
     if size is None:
-        return (None, 0) if "data" in tensor else ("has neither 'data' nor 'binary_data_size'", 0)
+        if "data" not in tensor:
+            return "has neither 'data' nor 'binary_data_size'", 0
+        count = _count(tensor["data"])
+        if count != math.prod(shape):
+            return f"'data' holds {count} elements but shape {shape} needs {math.prod(shape)}", 0
+        return None, 0
     if type(size) is not int or size < 0:
         return f"binary_data_size must be a non-negative integer, got {size!r}", 0
     if not has_binary and size:
         return f"binary_data_size {size} but no {HEADER_LENGTH} header", 0
     return None, size
+
+
+def _count(data) -> int:
+    """Elements of a (nested) JSON data list; a scalar counts as one."""
+    if not isinstance(data, list):
+        return 1
+    total, stack = 0, [data]
+    while stack:
+        for item in stack.pop():
+            if isinstance(item, list):
+                stack.append(item)
+            else:
+                total += 1
+    return total

@@ -1,0 +1,154 @@
+"""P5 of `tritonpack bench`: served `resnet_pt` ÷ DALI + torch in-process; DALI CPU preprocessing ÷ PIL/numpy.
+
+The in-process side is what a user would run without a server: the same serialized DALI pipeline and the same
+TorchScript file, batch by batch. The PIL/numpy side reproduces the pipeline's recipe (decode, resize the
+shorter side to 256 with antialiasing, center-crop 224, ImageNet mean/std, CHW) with PIL and numpy.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+
+import numpy as np
+
+from tritonpack.bench import Run, ServedClient, ServedSide, alternate, ratio_summary, side_summary
+
+BATCH = 8  # in-process batch; the served side sends one image per request at concurrency BATCH
+
+
+def images(n: int, seed: int = 5) -> list[bytes]:
+    """`n` deterministic JPEGs of camera-like sizes (smooth gradients plus noise, so they compress like photos)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    sizes = [(640, 480), (480, 640), (800, 600), (512, 512), (1024, 768), (320, 240)]
+    out = []
+    for i in range(n):
+        w, h = sizes[i % len(sizes)]
+        y, x = np.mgrid[0:h, 0:w]
+        base = np.stack([(x * (i + 1)) % 256, (y * 3) % 256, ((x + y) // 2) % 256], axis=-1).astype(np.float32)
+        pixels = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+        out.append(buffer.getvalue())
+    return out
+
+
+class ImageClient(ServedClient):
+    def embed(self, encoded: list[bytes]) -> np.ndarray:
+        longest = max(len(b) for b in encoded)
+        values = np.zeros((len(encoded), longest), dtype=np.uint8)
+        for row, b in zip(values, encoded):
+            row[:len(b)] = np.frombuffer(b, dtype=np.uint8)
+        tensor = self.module.InferInput("IMAGE", list(values.shape), "UINT8")
+        tensor.set_data_from_numpy(values)
+        output = self.module.InferRequestedOutput("SCORES")
+        return self.client.infer(self.model, [tensor], outputs=[output]).as_numpy("SCORES")
+
+
+class ImageServedSide(ServedSide):
+    client_class = ImageClient
+
+
+class DirectSide:
+    """The repository's serialized DALI pipeline and TorchScript classifier, called in-process."""
+
+    def __init__(self, repository, name: str):
+        import torch
+        from nvidia.dali import Pipeline
+
+        from tritonpack.spec import parse_config
+
+        pre_dir = repository / f"{name}_preprocess"
+        cfg = parse_config((pre_dir / "config.pbtxt").read_text())
+        threads = int(cfg.parameters["num_threads"].string_value) if "num_threads" in cfg.parameters else 2
+        self.pipe = Pipeline.deserialize(serialized_pipeline=(pre_dir / "1" / "model.dali").read_bytes(),
+                                         batch_size=BATCH, num_threads=threads, device_id=None,
+                                         prefetch_queue_depth=1, exec_async=False, exec_pipelined=False)
+        self.pipe.build()
+        self.model = torch.jit.load(str(repository / f"{name}_classifier" / "1" / "model.pt")).eval()
+        self.torch = torch
+
+    def preprocess(self, encoded: list[bytes]) -> np.ndarray:
+        self.pipe.feed_input("IMAGE", [np.frombuffer(b, dtype=np.uint8) for b in encoded])
+        out = self.pipe.run()[0]
+        return np.stack([np.array(out[i]) for i in range(len(encoded))])
+
+    def classify(self, pixels: np.ndarray) -> np.ndarray:
+        with self.torch.inference_mode():
+            return self.model(self.torch.from_numpy(pixels)).numpy()
+
+    def run(self, batches: list[list[bytes]]) -> Run:
+        start = time.perf_counter()
+        for batch in batches:
+            self.classify(self.preprocess(batch))
+        return Run(sum(len(b) for b in batches), time.perf_counter() - start)
+
+    def run_preprocess(self, batches: list[list[bytes]]) -> Run:
+        start = time.perf_counter()
+        for batch in batches:
+            self.preprocess(batch)
+        return Run(sum(len(b) for b in batches), time.perf_counter() - start)
+
+
+MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32) * 255
+STD = np.array([0.229, 0.224, 0.225], dtype=np.float32) * 255
+
+
+def pil_preprocess(encoded: bytes) -> np.ndarray:
+    """torchvision's eval transform in PIL/numpy: Resize(256) bilinear antialiased, CenterCrop(224), normalise."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(encoded)).convert("RGB")
+    w, h = image.size
+    scale = 256 / min(w, h)
+    image = image.resize((max(256, round(w * scale)), max(256, round(h * scale))), Image.BILINEAR)
+    w, h = image.size
+    left, top = (w - 224) // 2, (h - 224) // 2
+    pixels = np.asarray(image.crop((left, top, left + 224, top + 224)), dtype=np.float32)
+    return ((pixels - MEAN) / STD).transpose(2, 0, 1)
+
+
+def run_pil(batches: list[list[bytes]]) -> Run:
+    start = time.perf_counter()
+    for batch in batches:
+        np.stack([pil_preprocess(b) for b in batch])
+    return Run(sum(len(b) for b in batches), time.perf_counter() - start)
+
+
+def measure(bench) -> dict:
+    """P5 for `bench` (a tritonpack.bench.Bench): builds resnet_pt (portable), serves it, alternates sides."""
+    s = bench.settings
+    count = 4 if s.mode == "smoke" else 24
+    encoded = images(count, s.seed)
+    batches = [encoded[i:i + BATCH] for i in range(0, count, BATCH)]
+    singles = [[b] for b in encoded]
+    built = bench.build_variant("resnet_pt", name="resnet_pt")
+    direct = DirectSide(built.repository, "resnet_pt")
+    direct.run(batches[:1])
+    direct_pre = direct.preprocess(encoded[:4])
+    pil_pre = np.stack([pil_preprocess(b) for b in encoded[:4]])
+    server = bench.serve(built.repository)
+    served = ImageServedSide(server, "resnet_pt", s.protocol)
+    try:
+        served.run(singles[:BATCH], BATCH)
+        bench.log("P5 served resnet_pt (1 image/request, c=8) ÷ DALI + torch in-process (batch 8)")
+        runs = alternate({"direct": lambda: direct.run(batches), "served": lambda: served.run(singles, BATCH)},
+                         s.repetitions, bench.log)
+        bench.log("P5 DALI CPU preprocessing ÷ PIL/numpy (batches of 8)")
+        pre = alternate({"dali": lambda: direct.run_preprocess(batches), "pil": lambda: run_pil(batches)},
+                        s.repetitions, bench.log)
+    finally:
+        served.close()
+        bench.stop_server(server)
+    return {
+        "available": True, "images": count, "batch": BATCH, "unit": "images/s",
+        "served": side_summary(runs["served"], "images/s"), "direct": side_summary(runs["direct"], "images/s"),
+        "served_vs_direct": ratio_summary(runs["served"], runs["direct"], 0.85),
+        "dali": side_summary(pre["dali"], "images/s"), "pil": side_summary(pre["pil"], "images/s"),
+        "dali_vs_pil": ratio_summary(pre["dali"], pre["pil"], None),
+        "dali_vs_pil_abs_diff": {"max": float(np.abs(direct_pre - pil_pre).max()),
+                                 "mean": float(np.abs(direct_pre - pil_pre).mean())},
+        "weights": "random (no pretrained ResNet-50 weights are reachable here); the compute is the same",
+    }
