@@ -17,7 +17,7 @@ def test_corpus_is_deterministic_and_mixed_when_generated():
 
 
 def test_ratio_summary_reports_the_median_of_paired_runs_when_alternated():
-    fast = [bench.Run(100, 1.0, cpu_seconds=1.0), bench.Run(100, 2.0, cpu_seconds=1.0), bench.Run(100, 1.0)]
+    fast = [bench.Run(100, 1.0, cpu_seconds=1.0), bench.Run(100, 2.0, cpu_seconds=2.0), bench.Run(100, 1.0)]
     slow = [bench.Run(100, 2.0, cpu_seconds=2.0), bench.Run(100, 2.0, cpu_seconds=2.0), bench.Run(100, 3.0)]
     summary = bench.ratio_summary(fast, slow, target=1.5)
     assert summary["ratios"] == [2.0, 1.0, 3.0] and summary["median"] == 2.0 and summary["met"] is True

@@ -62,3 +62,25 @@ def test_runner_outputs_equal_one_padded_call_when_requests_are_grouped():
     for item, result in zip(items, results):
         expected = np.repeat(item["input_ids"][..., None].astype(np.float32), 3, axis=2)
         np.testing.assert_array_equal(result["token_embeddings"], expected)
+
+
+def test_runner_groups_rows_by_real_length_when_one_request_mixes_short_and_long_rows():
+    module = _runner_module()
+
+    class EchoRunner(module.FrameworkRunnerModel):
+        def __init__(self):
+            self.input_names, self.output_names = ["input_ids", "attention_mask"], ["token_embeddings"]
+            self.ragged, self.trimmed_outputs, self.max_padding_waste = True, {"token_embeddings"}, 0.25
+            self.shapes = []
+
+        def session(self, batch):
+            self.shapes.append(batch["input_ids"].shape)
+            return {"token_embeddings": (batch["input_ids"] * batch["attention_mask"]).astype(np.float32)[..., None]}
+
+    lengths = [3, 40, 4, 38, 3]
+    mask = np.array([[1] * n + [0] * (40 - n) for n in lengths])
+    ids = np.arange(1, 201).reshape(5, 40) * mask
+    runner = EchoRunner()
+    (result,) = runner._run([{"input_ids": ids, "attention_mask": mask}])
+    assert sorted(runner.shapes) == [(2, 40), (3, 4)]  # no row of 3 tokens padded to 40
+    np.testing.assert_array_equal(result["token_embeddings"][..., 0], ids.astype(np.float32))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import ensembles
 from tritonpack.components import TARGETS
 from tritonpack.env import attach_environments, manifest_fields
 from tritonpack.repository import write_repository, write_tarball
+from tritonpack.server import PYTHON_VERSION
 from tritonpack.spec import SpecError
 from tritonpack.wiring import wiring_problems
 
@@ -85,7 +85,7 @@ def build(request: BuildRequest) -> BuildResult:
         "target": request.target,
         "sagemaker_triton_default_model_name": request.name,
         "build": {k: str(v) for k, v in asdict(request).items() if v not in (None, False, ()) and k != "dist"},
-        "built_with_python": platform.python_version(),
+        "built_with_python": PYTHON_VERSION,  # minor only: the tarball bytes must not depend on the patch level
         "python_models": sorted(f.spec.name for f in folders if f.spec.backend == "python"),
         **manifest_fields(folders, env_plan),  # python_version, environments, supported_containers, …
     }

@@ -198,7 +198,7 @@ def plan_requests(workload: Workload, count: int, hostile_fraction: float, seed:
 
 
 def soak(repository: Path, workload: Workload, requests: int = 10_000, concurrency: int = 8,
-         hostile_fraction: float = 0.1, warmup: int = 200, seed: int = 0, progress=None) -> SoakReport:
+         hostile_fraction: float = 0.1, warmup: int = 1000, seed: int = 0, progress=None) -> SoakReport:
     report = SoakReport(workload.ensemble)
     report.shm_regions_before = len(hostile.shm_regions())
     server = TritonServer(Path(repository))

@@ -2,8 +2,9 @@
 
 A runner model executes a real artifact with its Python library behind the exact tensor contract the native
 backend would have. Inputs marked `allow_ragged_batch` carry a sequence axis that may differ between
-requests: requests of similar length are grouped (`length_groups`), each group is padded to its longest and run
-in one call, and outputs whose first dim is -1 are trimmed back per request.
+requests. Rows of similar real length (from `attention_mask`, else whole requests by their length) are grouped
+(`length_groups`), each group is padded to its own longest and run in one call, and outputs whose first dim is
+-1 are given back in each request's own shape.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import os
 import numpy as np
 from batched_requests import pad_and_concat, read_input, respond_all, split_rows
 
-PAD_VALUES = {"attention_mask": 0}
+MASK = "attention_mask"  # when an input has this name, rows are grouped by its real length
+PAD_VALUES = {MASK: 0}
 MAX_PADDING_WASTE = 0.25  # a group of ragged requests may hold at most this fraction of padding tokens
 
 
@@ -64,13 +66,43 @@ class FrameworkRunnerModel:
         return {name: read_input(self.pb_utils, request, name) for name in self.input_names}
 
     def _run(self, items):
-        if not self.ragged or len(items) == 1 or items[0][self.input_names[0]].ndim < 2:
+        if not self.ragged or items[0][self.input_names[0]].ndim < 2:
+            return self._run_padded(items)
+        if MASK in self.input_names and all(_right_padded(item[MASK]) for item in items):
+            return self._run_rows(items)
+        if len(items) == 1:
             return self._run_padded(items)
         results: list = [None] * len(items)
         shapes = [item[self.input_names[0]].shape[:2] for item in items]
         for group in length_groups(shapes, self.max_padding_waste):
             for i, result in zip(group, self._run_padded([items[i] for i in group])):
                 results[i] = result
+        return results
+
+    def _run_rows(self, items):
+        """Group the rows of all requests by their real length (from the attention mask), run each group padded to
+        its own longest, and put every row back in its request's shape (padded positions are zero)."""
+        rows = [(i, r, max(int(mask.sum()), 1)) for i, item in enumerate(items) for r, mask in enumerate(item[MASK])]
+        results = [{} for _ in items]
+        for group in length_groups([(1, length) for _, _, length in rows], self.max_padding_waste):
+            longest = max(rows[k][2] for k in group)
+            batch = {n: np.stack([_fit(items[rows[k][0]][n][rows[k][1]], longest, PAD_VALUES.get(n, 0))
+                                  for k in group]) for n in self.input_names}
+            outputs = self.session(batch)
+            for name in self.output_names:
+                values = np.asarray(outputs[name])
+                for j, k in enumerate(group):
+                    i, r, _ = rows[k]
+                    if name not in results[i]:
+                        rows_i, length_i = items[i][MASK].shape
+                        shape = (rows_i, length_i) + values.shape[2:] if name in self.trimmed_outputs \
+                            else (rows_i,) + values.shape[1:]
+                        results[i][name] = np.zeros(shape, dtype=values.dtype)
+                    if name in self.trimmed_outputs:
+                        keep = min(longest, results[i][name].shape[1])
+                        results[i][name][r, :keep] = values[j, :keep]
+                    else:
+                        results[i][name][r] = values[j]
         return results
 
     def _run_padded(self, items):
@@ -86,3 +118,16 @@ class FrameworkRunnerModel:
 
     def open_session(self, path, params):
         raise NotImplementedError
+
+
+def _right_padded(mask: np.ndarray) -> bool:
+    """Every row's real tokens come first (BERT-style right padding), so trimming a row keeps them all."""
+    lengths = mask.sum(axis=1)
+    return bool((mask == (np.arange(mask.shape[1]) < lengths[:, None])).all())
+
+
+def _fit(row: np.ndarray, length: int, pad_value) -> np.ndarray:
+    """One row cut or padded (with pad_value) along its first axis to `length`."""
+    if len(row) >= length:
+        return row[:length]
+    return np.pad(row, [(0, length - len(row))] + [(0, 0)] * (row.ndim - 1), constant_values=pad_value)
