@@ -16,18 +16,23 @@ def text_input(texts: Sequence[str | bytes]):
     return tensor
 
 
-def embed(url: str, model: str, texts: Sequence[str | bytes], client=None) -> np.ndarray:
-    """EMBEDDING rows for `texts`, sent as one request."""
+def infer_one(url: str, model: str, tensor, output: str, client=None, **output_options) -> np.ndarray:
+    """One request with one input tensor; the named output as numpy (a client is opened if none is given)."""
     import tritonclient.http as http
 
     own = client is None
     client = client or http.InferenceServerClient(url)
     try:
-        output = http.InferRequestedOutput("EMBEDDING", binary_data=True)
-        return client.infer(model, [text_input(texts)], outputs=[output]).as_numpy("EMBEDDING")
+        requested = http.InferRequestedOutput(output, binary_data=True, **output_options)
+        return client.infer(model, [tensor], outputs=[requested]).as_numpy(output)
     finally:
         if own:
             client.close()
+
+
+def embed(url: str, model: str, texts: Sequence[str | bytes], client=None) -> np.ndarray:
+    """EMBEDDING rows for `texts`, sent as one request."""
+    return infer_one(url, model, text_input(texts), "EMBEDDING", client)
 
 
 def image_input(images: Sequence[bytes], name: str = "IMAGE"):
@@ -47,16 +52,7 @@ def image_input(images: Sequence[bytes], name: str = "IMAGE"):
 
 def scores(url: str, model: str, images: Sequence[bytes], client=None) -> np.ndarray:
     """SCORES rows (FP32 [n, classes]) for `images`, sent as one request."""
-    import tritonclient.http as http
-
-    own = client is None
-    client = client or http.InferenceServerClient(url)
-    try:
-        output = http.InferRequestedOutput("SCORES", binary_data=True)
-        return client.infer(model, [image_input(images)], outputs=[output]).as_numpy("SCORES")
-    finally:
-        if own:
-            client.close()
+    return infer_one(url, model, image_input(images), "SCORES", client)
 
 
 def classify(url: str, model: str, images: list[bytes], class_count: int = 5, client=None) -> list[list[str]]:
@@ -64,16 +60,7 @@ def classify(url: str, model: str, images: list[bytes], class_count: int = 5, cl
 
     Each entry is Triton's "score:index:label" string (the label comes from the model's `label_filename`).
     """
-    import tritonclient.http as http
-
-    own = client is None
-    client = client or http.InferenceServerClient(url)
-    try:
-        output = http.InferRequestedOutput("SCORES", binary_data=True, class_count=class_count)
-        result = client.infer(model, [image_input(images)], outputs=[output]).as_numpy("SCORES")
-    finally:
-        if own:
-            client.close()
+    result = infer_one(url, model, image_input(images), "SCORES", client, class_count=class_count)
     return [[v.decode() if isinstance(v, bytes) else str(v) for v in row] for row in result.reshape(len(images), -1)]
 
 
