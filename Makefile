@@ -60,8 +60,9 @@ mme: $(STAMP) ## local SageMaker MME on MME_PORT (8080) serving dist/*.tar.gz; b
 test: $(STAMP) ## run the test suite (unit tests and real-tritonserver tests)
 	$(BIN)/python -m pytest
 
-soak: $(STAMP) ## reliability soak: 10,000 mixed requests per ensemble, many fuzzed archives (figures: dist/soak/)
+soak: $(STAMP) ## reliability soak: 10,000 mixed requests per ensemble, fuzzed archives, slow tests (figures: dist/soak/)
 	$(BIN)/python -m pytest -m soak -s tests/test_soak.py
+	$(BIN)/python -m pytest -m slow
 	TRITONPACK_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest tests/test_archive_fuzz.py
 
 bench: $(STAMP) ## served bert vs in-process baselines, P1–P6 (BENCH=smoke: quick) → dist/bench/report.md

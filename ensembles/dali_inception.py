@@ -23,7 +23,7 @@ def models(request, cache) -> list[ModelFolder]:
     model_format = request.model_format or "graphdef"
     if model_format not in FORMATS:
         raise SpecError(f"{NAME}: model format {model_format!r} is not one of {', '.join(FORMATS)}")
-    serving = SERVING[request.target]
+    serving = SERVING[request.target].with_overrides(request.serving)
     artifacts = inception_artifacts(request.weights, model_format == "onnx", cache)
     classifier = framework_model(
         f"{NAME}_classifier", Artifact(model_format, artifacts[model_format]), request.target, inputs=(INPUT,),

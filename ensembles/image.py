@@ -7,26 +7,49 @@ classification extension (`class_count`) answers with labels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tritonpack.components import DaliPipeline, ModelFolder, dali_model
-from tritonpack.spec import DynamicBatching, EnsembleStep, ModelSpec, Tensor
+from tritonpack.spec import DynamicBatching, EnsembleStep, ModelSpec, SpecError, Tensor
 
 LABELS_DIR = Path(__file__).resolve().parent / "labels"
 IMAGENET_1000 = LABELS_DIR / "imagenet1000.txt"
 IMAGENET_1001 = LABELS_DIR / "imagenet1001_background.txt"  # TF-slim layout: class 0 is "background"
 PIXELS = "PIXELS"  # the preprocessed tensor between the two steps
+MAX_IMAGE_PIXELS = 50_000_000  # ~7000×7000; models/dali_runner/model.py has the same default
 
 
 @dataclass(frozen=True)
 class ImageServing:
-    """Batching and threads for one target (see README, "Image ensembles")."""
+    """Batching, threads and limits for one target (see README, "Image ensembles")."""
 
     max_batch_size: int = 128  # the seeds' value; the TensorRT profile and warmup use it too
     max_queue_delay_microseconds: int = 5000
     dali_threads: int = 2
     classifier_instances: int = 1
+    # Decompression-bomb guard: the portable DALI runner refuses (400) an image whose JPEG/PNG header claims more
+    # pixels, before decoding. Rendered into its `parameters`; 0 disables it. Triton's native DALI backend
+    # (cpu/gpu targets) has no such check.
+    max_image_pixels: int = MAX_IMAGE_PIXELS
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.dali_threads < 1 or self.classifier_instances < 1:
+            raise SpecError(f"ImageServing: batch size, threads and instances must be positive, got {self}")
+        if self.max_image_pixels < 0:
+            raise SpecError(f"ImageServing: max_image_pixels must be >= 0 (0: no limit), got {self.max_image_pixels}")
+
+    def with_overrides(self, overrides) -> ImageServing:
+        """`(("max_image_pixels", "1000000"),)` (strings, as from the command line's `--serving KEY=VALUE`)."""
+        values = {}
+        for key, text in dict(overrides).items():
+            if key not in self.__dataclass_fields__:
+                raise SpecError(f"unknown serving setting {key!r}; one of {', '.join(self.__dataclass_fields__)}")
+            try:
+                values[key] = int(text)
+            except ValueError:
+                raise SpecError(f"serving setting {key} takes an integer, got {text!r}") from None
+        return replace(self, **values)
 
     @property
     def dynamic_batching(self) -> DynamicBatching:
@@ -71,6 +94,7 @@ def image_ensemble(name: str, recipe_name: str, classifier: ModelFolder, labels:
         f"{name}_preprocess", dali_pipeline(recipe_name, serving, cache), target, inputs=(image_input(),),
         outputs=(Tensor(PIXELS, "TYPE_FP32", recipe.output_dims),), max_batch_size=serving.max_batch_size,
         dynamic_batching=serving.dynamic_batching, threads=serving.dali_threads,
+        runner_parameters={"max_image_pixels": str(serving.max_image_pixels)},
     )
     scores = Tensor("SCORES", "TYPE_FP32", (classes,))
     ensemble = ModelFolder(ModelSpec(

@@ -12,7 +12,7 @@ RECIPE = "resnet50"
 
 
 def models(request, cache) -> list[ModelFolder]:
-    serving = SERVING[request.target]
+    serving = SERVING[request.target].with_overrides(request.serving)
     artifact = Artifact("torchscript", resnet50_artifacts(request.weights, cache)["torchscript"])
     # pytorch_libtorch: INPUT__0 → OUTPUT__0 (framework_model appends `__0` to the output name).
     classifier = framework_model(

@@ -14,7 +14,7 @@ OUTPUT = Tensor("output", "TYPE_FP32", (1000,))
 
 
 def models(request, cache) -> list[ModelFolder]:
-    serving = SERVING[request.target]
+    serving = SERVING[request.target].with_overrides(request.serving)
     onnx = resnet50_artifacts(request.weights, cache)["onnx"]
     options = {}
     artifact = Artifact("onnx", onnx)

@@ -1,8 +1,10 @@
-"""Fixtures for the local MME and AWS tests: a moto server on loopback and a tiny `bert` tarball.
+"""Fixtures for the local MME and AWS tests: a moto server on loopback, a tiny `bert` tarball, local MMEs.
 
 Import the fixtures into a test module (`from tests.mme_support import moto_server, ...`). The tiny tarball is the
 real `bert` recipe built from a randomly initialised one-layer BERT (hidden size 8) with MiniLM's tokenizer: the
 same model folders as `bert`, about 1 MB, quick to load, and exactly checkable against sentence-transformers.
+`local_mme(models_dir, **options)` starts a LocalMME that lives until the end of the test module;
+`HostileProbe` sends `tritonpack.hostile` cases through a gateway and checks that it keeps serving.
 """
 
 from __future__ import annotations
@@ -10,12 +12,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.conftest import BUILD_CACHE
+from tritonpack import hostile
+from tritonpack.mme import LocalMME, parse_metrics
+from tritonpack.sagemaker_triton import TARGET_HEADER
 
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
            "AWS_DEFAULT_REGION": "us-east-1"}
@@ -101,3 +107,96 @@ def tiny_reference(tiny_model):
 
     model = SentenceTransformer(str(tiny_model), device="cpu")
     return lambda texts: model.encode(list(texts), convert_to_numpy=True)
+
+
+# ---- local MME --------------------------------------------------------------------------------------------------
+def link_or_copy(source: Path, dest: Path) -> None:
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copyfile(source, dest)
+
+
+def models_folder(folder: Path, tarballs: dict[str, Path]) -> Path:
+    """`folder` holding each tarball under its target name (hard links: no copy of 100 MB images)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for target, tarball in tarballs.items():
+        link_or_copy(tarball, folder / target)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def local_mme(tmp_path_factory, aws_env):
+    """local_mme(models_dir, **LocalMME options) → a started local MME on a free port with its own disk cache,
+    stopped at the end of the test module (one Triton per module, shared by its tests)."""
+    started = []
+
+    def _start(models_dir: Path, **options) -> LocalMME:
+        options.setdefault("cache_dir", tmp_path_factory.mktemp("mme-cache"))
+        server = LocalMME(str(models_dir), port=0, **options).start()
+        started.append(server)
+        return server
+
+    yield _start
+    for server in started:
+        server.stop()
+
+
+def runtime_for(server: LocalMME):
+    """An unmodified boto3 sagemaker-runtime client pointed at the gateway."""
+    import boto3
+
+    return boto3.client("sagemaker-runtime", endpoint_url=server.url, region_name="us-east-1")
+
+
+def metrics(server: LocalMME) -> dict[str, float]:
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as response:
+        return parse_metrics(response.read().decode())
+
+
+def timing(name: str, seconds: float) -> None:
+    """Measured durations go to stdout (`pytest -s` or -rA shows them); record_property breaks junit xunit2."""
+    print(f"timing {name}: {seconds:.2f} s")
+
+
+def json_outputs(text: str) -> dict[str, np.ndarray]:
+    return {o["name"]: np.asarray(o["data"], dtype=np.float32) for o in json.loads(text)["outputs"]}
+
+
+class HostileProbe:
+    """One target behind a local MME's gateway, a valid request as health probe and its answer before any abuse.
+
+    Requests go as raw HTTP to `/endpoints/<name>/invocations` in SageMaker's form (`hostile.sagemaker_form`)."""
+
+    PATH = "/endpoints/local/invocations"
+    WATCHED = ("TritonRestarts", "ModelReloads", "Invocation5XXErrors")
+
+    def __init__(self, server: LocalMME, target: str, valid: hostile.RawRequest):
+        self.server, self.target, self.valid = server, target, valid
+        status, text = self.send(valid)
+        assert status == 200, text
+        self.expected = json_outputs(text)
+
+    def send(self, request: hostile.RawRequest) -> tuple[int, str]:
+        request = hostile.sagemaker_form(request)
+        headers = request.headers | {TARGET_HEADER: self.target}
+        return hostile.send(self.server.url, self.PATH, hostile.RawRequest(request.body, headers), timeout=300)
+
+    def check(self, case: hostile.HostileCase) -> None:
+        """`case` gets a 4xx with a SageMaker-style error body; gateway and Triton stay up with the same stubs; the
+        next valid request gets the same answer as before."""
+        triton = self.server.triton.server
+        pids, before = set(triton.process_group_pids()), metrics(self.server)
+        status, text = self.send(case.request)
+        assert 400 <= status < 500, f"{case.name}: got {status}: {text[:300]}"
+        assert json.loads(text)["ErrorCode"] in ("ValidationError", "ModelError"), text[:300]
+        with urllib.request.urlopen(f"{self.server.url}/ping", timeout=10) as ping:
+            assert ping.status == 200
+        assert self.server.triton.alive() and set(triton.process_group_pids()) == pids, \
+            f"{case.name}: tritonserver or a python stub died; log: {self.server.triton.log_path}"
+        status, text = self.send(self.valid)
+        assert status == 200, f"after {case.name}: {status} {text[:300]}"
+        for name, expected in self.expected.items():
+            np.testing.assert_allclose(json_outputs(text)[name], expected, rtol=1e-5, atol=1e-6)
+        after = metrics(self.server)
+        assert {k: after[k] for k in self.WATCHED} == {k: before[k] for k in self.WATCHED}, case.name

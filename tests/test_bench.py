@@ -47,3 +47,15 @@ def test_bench_smoke_writes_report_files_with_expected_keys_when_run(test_dist, 
     assert "available" in on_disk["P4"] and "available" in on_disk["P5"]
     assert {"tarballs_bytes", "envs_bytes"} <= set(on_disk["P6"])
     assert on_disk["plots"] and all((out / name).stat().st_size > 0 for name in on_disk["plots"])
+
+
+def test_serving_overrides_turn_dynamic_batching_off_when_given_as_strings():
+    from ensembles.text import TextServing
+    from tritonpack.spec import SpecError
+
+    serving = TextServing().with_overrides((("dynamic_batching", "false"), ("encoder_instances", "2"),
+                                            ("preferred_batch_size", "4,8")))
+    assert serving.batching() is None and serving.encoder_instances == 2 and serving.preferred_batch_size == (4, 8)
+    assert TextServing().batching().max_queue_delay_microseconds == TextServing().max_queue_delay_microseconds
+    with pytest.raises(SpecError, match="unknown serving setting"):
+        TextServing().with_overrides({"dynamic_batchin": "false"})

@@ -120,3 +120,60 @@ def test_request_guard_refuses_request_when_triton_would_not_answer_4xx(case):
                                       hostile.image_request(b"\xff\xd8\xff" + bytes(100))])
 def test_request_guard_accepts_request_when_it_is_well_formed(request_):
     assert infer_request_problem(request_.body, request_.header_length) is None
+
+
+LOW_PIXEL_LIMIT = 100 * 100  # a 64×48 sample passes, a 128×96 one does not
+
+
+@pytest.fixture(scope="module")
+def low_limit_server(tmp_path_factory):
+    """resnet_pt (portable) built with `max_image_pixels` lowered at build time, in its own small repository."""
+    from tests.conftest import BUILD_CACHE
+    from tritonpack.build import BuildRequest, build
+    from tritonpack.server import TritonServer
+
+    if "resnet_pt" not in ensembles.NAMES:
+        pytest.skip("resnet_pt is not registered")
+    dist = tmp_path_factory.mktemp("low-pixel-limit")
+    (dist / "cache").symlink_to(BUILD_CACHE)  # the exports and the DALI pipeline are shared: only configs differ
+    result = build(BuildRequest("resnet_pt", "portable", dist=dist,
+                                serving=(("max_image_pixels", str(LOW_PIXEL_LIMIT)),)))
+    server = TritonServer(result.repository).start()
+    yield result.repository, server
+    server.stop()
+
+
+@pytest.mark.server
+def test_image_ensemble_answers_400_naming_the_limit_when_image_exceeds_build_time_pixel_limit(low_limit_server):
+    from tritonpack.spec import parse_config
+
+    repository, server = low_limit_server
+    config = parse_config((repository / "resnet_pt_preprocess" / "config.pbtxt").read_text())
+    assert config.parameters["max_image_pixels"].string_value == str(LOW_PIXEL_LIMIT)
+    path = "/v2/models/resnet_pt/infer"
+    small = hostile.image_request(hostile.sample_jpeg((64, 48)))
+    status, text = hostile.send(server.url, path, small)
+    assert status == 200, text
+    expected = outputs(text)
+    pids = set(server.process_group_pids())
+    for too_big in (hostile.sample_jpeg((128, 96)), hostile.jpeg_claiming(hostile.sample_jpeg((64, 48)), 101, 100)):
+        status, text = hostile.send(server.url, path, hostile.image_request(too_big))
+        assert status == 400, text
+        assert f"more than the limit of {LOW_PIXEL_LIMIT}" in json.loads(text)["error"], text
+    assert server.is_ready() and set(server.process_group_pids()) == pids
+    status, text = hostile.send(server.url, path, small)
+    assert status == 200, text
+    np.testing.assert_allclose(outputs(text)["SCORES"], expected["SCORES"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ((("max_image_pixels", "-1"),), "max_image_pixels must be >= 0"),
+    ((("max_image_pixel", "1"),), "unknown serving setting"),
+    ((("max_image_pixels", "many"),), "takes an integer"),
+])
+def test_image_serving_rejects_override_when_setting_is_invalid(overrides, message):
+    from ensembles.image import ImageServing
+    from tritonpack.spec import SpecError
+
+    with pytest.raises(SpecError, match=message):
+        ImageServing().with_overrides(overrides)

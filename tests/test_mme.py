@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
+import logging
 import os
 import random
-import shutil
 import signal
 import tarfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,24 +23,19 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests import mme_support
-from tests.mme_support import assert_embeddings_match
+from tests.mme_support import HostileProbe, assert_embeddings_match, link_or_copy, metrics, runtime_for, timing
+from tests.test_hostile_inputs import TEXT_CASES
 from tests.texts import SENTENCES
-from tritonpack import aws, payloads
-from tritonpack.mme import LocalMME, parse_metrics
+from tritonpack import aws, hostile, payloads
+from tritonpack.mme import LocalMME
 
 pytestmark = pytest.mark.server
-# shared fixtures (session-scoped: one moto server and one tiny tarball for the whole run)
+# shared fixtures (session-scoped: one moto server and one tiny tarball for the whole run; module-scoped MMEs)
 aws_env, moto_server = mme_support.aws_env, mme_support.moto_server
 tiny_model, tiny_tarball, tiny_reference = mme_support.tiny_model, mme_support.tiny_tarball, mme_support.tiny_reference
+local_mme = mme_support.local_mme
 TINY_TARGETS = ("tiny-a.tar.gz", "tiny-b.tar.gz", "tiny-c.tar.gz", "tiny-d.tar.gz", "tiny-e.tar.gz")
 FEW = SENTENCES[:3]
-
-
-def link_or_copy(source: Path, dest: Path) -> None:
-    try:
-        os.link(source, dest)
-    except OSError:
-        shutil.copyfile(source, dest)
 
 
 def tarball_with(members: dict[str, bytes], base: Path | None = None) -> bytes:
@@ -72,14 +70,13 @@ def models_dir(tmp_path_factory, build_ensemble, tiny_tarball):
 
 
 @pytest.fixture(scope="module")
-def mme(models_dir, tmp_path_factory, aws_env):
-    with LocalMME(str(models_dir), port=0, max_models=2, cache_dir=tmp_path_factory.mktemp("mme-cache")) as server:
-        yield server
+def mme(models_dir, local_mme):
+    return local_mme(models_dir, max_models=2)
 
 
 @pytest.fixture(scope="module")
 def runtime(mme):
-    return boto3.client("sagemaker-runtime", endpoint_url=mme.url, region_name="us-east-1")
+    return runtime_for(mme)
 
 
 @pytest.fixture(scope="module")
@@ -93,16 +90,6 @@ def reference():
 
 def embed(runtime, target: str, texts, fmt: str = "binary") -> np.ndarray:
     return payloads.embed_texts(texts, target, fmt=fmt, client=runtime)
-
-
-def timing(name: str, seconds: float) -> None:
-    """Measured durations go to stdout (`pytest -s` or -rA shows them); record_property breaks junit xunit2."""
-    print(f"timing {name}: {seconds:.2f} s")
-
-
-def metrics(server: LocalMME) -> dict[str, float]:
-    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as response:
-        return parse_metrics(response.read().decode())
 
 
 def error_of(call) -> tuple[int, str, str]:
@@ -138,6 +125,17 @@ def test_local_mme_serves_both_side_by_side_when_tarballs_share_model_folder_nam
 
 def reference_for(texts, reference):
     return np.stack([reference[SENTENCES.index(t)] for t in texts])
+
+
+@pytest.fixture(scope="module")
+def bert_probe(mme):
+    return HostileProbe(mme, "bert.tar.gz", hostile.text_request(["A valid sentence after abuse."]))
+
+
+@pytest.mark.parametrize("case", TEXT_CASES, ids=lambda c: c.name)
+def test_local_mme_answers_4xx_and_keeps_serving_when_a_bert_request_is_hostile(bert_probe, case):
+    # every case, including those tritonserver 2.51's own HTTP front-end answers with 500 or wrongly accepts
+    bert_probe.check(case)
 
 
 def test_local_mme_evicts_and_reloads_when_more_targets_than_max_models(mme, runtime, tiny_reference):
@@ -237,6 +235,71 @@ def test_local_mme_bounds_disk_cache_and_restarts_triton_when_it_dies(models_dir
         ping.value.close()
 
 
+def live_stub(server: LocalMME, model_folder: str) -> int:
+    """The pid of the running (not zombie) python stub of `model_folder` in the MME's tritonserver."""
+    for pid, folder in server.triton.server.stub_models().items():
+        with contextlib.suppress(OSError):
+            if folder == model_folder and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                return pid
+    raise AssertionError(f"no live stub for {model_folder}")
+
+
+def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(models_dir, tmp_path, aws_env,
+                                                                              tiny_reference, caplog):
+    """Triton 2.51 keeps a model whose stub died ready and answers every request with "Stub process ... is not
+    healthy" (400 on its SageMaker front-end); the gateway unloads and loads the target once and retries."""
+    from tritonpack.soak import group_members
+
+    caplog.set_level(logging.INFO, logger="tritonpack.mme")
+    target, expected = "tiny-a.tar.gz", tiny_reference(FEW)
+    server = LocalMME(str(models_dir), port=0, max_models=2, cache_dir=tmp_path / "cache").start()
+    pgid = server.triton.server.process.pid
+    try:
+        probe = HostileProbe(server, target, hostile.text_request(FEW))
+        results, done = [], threading.Event()
+
+        def client() -> None:
+            while not done.is_set():
+                status, text = probe.send(probe.valid)
+                ok = status == 200 and np.allclose(mme_support.json_outputs(text)["EMBEDDING"],
+                                                   probe.expected["EMBEDDING"], rtol=1e-5, atol=1e-6)
+                results.append((time.monotonic(), status, ok, "" if ok else text[:200]))
+
+        with ThreadPoolExecutor(4) as pool:  # 4 clients keep invoking while the tokenizer's stub is killed
+            for _ in range(4):
+                pool.submit(client)
+            time.sleep(1)
+            killed_at = time.monotonic()
+            os.kill(live_stub(server, "bert_tokenizer"), signal.SIGKILL)  # a stub of the server this test started
+            time.sleep(4)
+            done.set()
+        after = [r for r in results if r[0] > killed_at]
+        failed = [r for r in results if not r[2]]
+        timing("dead_stub_requests_after_kill", len(after))
+        timing("dead_stub_failed_requests", len(failed))
+        assert after and not failed, failed[:3]
+        values = metrics(server)
+        assert values["ModelReloads"] == 1 and values["Invocation5XXErrors"] == 0 and values["TritonRestarts"] == 0
+        assert any("loaded again after its python stub died" in r.getMessage() for r in caplog.records)
+        assert_embeddings_match(embed(runtime_for(server), target, FEW), expected)
+
+        # killed again, and this time the target cannot be loaded again: 503 with the reason, others still served
+        model_py = server.cache.lookup(target, server.source.version(target)) / "bert_tokenizer" / "1" / "model.py"
+        model_py.write_text("raise RuntimeError('broken on purpose')\n")
+        os.kill(live_stub(server, "bert_tokenizer"), signal.SIGKILL)
+        for _ in range(2):  # raw HTTP: boto3 would retry a 503 on its own
+            status, text = probe.send(probe.valid)
+            message = json.loads(text)["message"]
+            assert status == 503 and "is not healthy" in message and "loading the target again failed" in message
+        assert_embeddings_match(embed(runtime_for(server), "tiny-b.tar.gz", FEW), expected)
+    finally:
+        started = time.monotonic()
+        server.stop()
+        timing("stop_after_dead_stub_s", time.monotonic() - started)
+    assert time.monotonic() - started < 20, "stop() waited out Triton's exit timeout"
+    assert group_members(pgid) == [], "processes (or zombies) of the MME's tritonserver outlived stop()"
+
+
 def test_local_mme_serves_random_targets_when_200_copies_are_on_s3(moto_server, tiny_tarball, tiny_reference,
                                                                    tmp_path):
     s3 = boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1")
@@ -263,8 +326,6 @@ def test_local_mme_serves_random_targets_when_200_copies_are_on_s3(moto_server, 
 
 
 def test_infer_cli_prints_embeddings_when_pointed_at_the_local_mme(mme, tiny_reference, capsys):
-    import json
-
     from tritonpack import cli
 
     code = cli.main(["infer", "--mme", mme.url, "--target-model", "tiny-a.tar.gz", "--format", "json", "--json",

@@ -776,6 +776,12 @@ def summary_rows(report: dict) -> list[dict]:
     if p5.get("available"):
         ratio("P5_served_vs_direct", "served resnet_pt ÷ DALI + torch in-process", p5.get("served_vs_direct"))
         ratio("P5_dali_vs_pil", "DALI CPU preprocessing ÷ PIL/numpy", p5.get("dali_vs_pil"))
+    p6 = report.get("P6", {})
+    text_envs = {k: v for k, v in p6.get("envs_bytes", {}).items() if "text" in k}
+    if text_envs:
+        name, size = max(text_envs.items(), key=lambda kv: kv[1])
+        rows.append({"key": "P6_text_env", "what": f"text env {name} compressed (MB)", "value": size / 2**20,
+                     "unit": "MB", "target": p6["text_env_target_mb"], "met": p6["text_env_met"]})
     return rows
 
 
@@ -830,7 +836,7 @@ def render_markdown(report: dict) -> str:
     ]
     for row in report["summary"]:
         met = "–" if row["met"] is None else ("yes" if row["met"] else "**no**")
-        target = "–" if row["target"] is None else (f"≤ {row['target']}" if row["unit"] == "s"
+        target = "–" if row["target"] is None else (f"≤ {row['target']}" if row["unit"] in ("s", "MB")
                                                     else f"≥ {row['target']}")
         note = f" ({row['note']})" if row.get("note") else ""
         cpu = f"{row['per_cpu_second']:.2f}×" if row.get("per_cpu_second") else "–"

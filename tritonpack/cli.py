@@ -139,7 +139,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--weights", help="image ensembles: local weights file")
     b.add_argument("--fp16", action="store_true", help="TensorRT plans in fp16")
     b.add_argument("--serving", action="append", metavar="KEY=VALUE",
-                   help="override a serving setting of the recipe, e.g. dynamic_batching=false, encoder_instances=2")
+                   help="override a serving setting of the recipe, e.g. dynamic_batching=false, encoder_instances=2, "
+                        "max_text_bytes=65536 (text), max_image_pixels=50000000 (images; 0: no limit)")
     b.add_argument("--model-format", help="dali_inception: graphdef (default; Triton <= 25.02) or onnx (any Triton)")
     b.add_argument("--env", action="store_true", help="pack each python model's environment (numpy + what it "
                                                         "imports) into its folder, for SageMaker containers")

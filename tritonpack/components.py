@@ -127,16 +127,18 @@ def dali_model(
     max_batch_size: int,
     dynamic_batching: DynamicBatching | None = None,
     threads: int = 1,
+    runner_parameters: Mapping[str, str] | None = None,
 ) -> ModelFolder:
     """The DALI backend (gpu: `1/dali.py`, KIND_GPU; cpu: `1/model.dali`, KIND_CPU) or, on portable, the python
     `dali_runner` running the same `model.dali` with DALI on the CPU. Encoded inputs differ in length from
-    request to request, so they are ragged-batched."""
+    request to request, so they are ragged-batched. `runner_parameters` (e.g. `max_image_pixels`) configure the
+    portable runner only: the native DALI backend has no such settings."""
     inputs = tuple(replace(t, allow_ragged_batch=True) for t in inputs)
     params = {"num_threads": str(threads)}
     if target == "portable":
         spec = ModelSpec(name=name, backend="python", max_batch_size=max_batch_size, inputs=inputs, outputs=outputs,
                          instance_group=(InstanceGroup("KIND_CPU", 1),), dynamic_batching=dynamic_batching,
-                         parameters={**params, "artifact": "model.dali"})
+                         parameters={**params, **(runner_parameters or {}), "artifact": "model.dali"})
         return python_model(spec, "dali_runner", {f"{VERSION}/model.dali": pipeline.serialized})
     file = ("dali.py", pipeline.source) if target == "gpu" else ("model.dali", pipeline.serialized)
     files = {f"{VERSION}/{file[0]}": file[1]}

@@ -62,6 +62,24 @@ STRIP = re.compile(r"(^|/)(tests?|__pycache__|include)(/|$)|\.(pyc|pyi|pxd|h|c)$
                    r"|^bin/(?!python|activate$|activate\.|deactivate)|^bin/activate\.(csh|fish)$|^bin/Activate\.ps1$")
 
 
+def extra_strip(name: str, python: str) -> re.Pattern | None:
+    """Per-env strip rules beyond `STRIP`, for wheels that ship more than one env can use (part of the env's key).
+
+    dali: nvidia-dali and nvimgcodec ship their Python extension modules for every CPython (3.9…3.15t); only the
+    env's own is ever loaded. The portable runner decodes on the CPU (`device_id=None`), so nvimgcodec's GPU
+    codec extensions (nvJPEG, nvJPEG2000, nvTIFF; their CUDA libraries are not in the env) are dropped too.
+    """
+    if name != "dali":
+        return None
+    abi = python.replace(".", "")
+    return re.compile(rf"\.cpython-(?!{abi}-)\d+t?-x86_64-linux-gnu\.so$"
+                      r"|^nvidia/nvimgcodec/extensions/libnv(jpeg|jpeg2k|tiff)_ext\.so")
+
+
+# Modules imported after packing to prove the env works (beyond PROVIDES, whose top-level `nvidia` proves nothing).
+IMPORT_CHECK: dict[str, tuple[str, ...]] = {"dali": ("nvidia.dali", "nvidia.nvimgcodec")}
+
+
 class EnvError(ValueError):
     """An environment that cannot be built as asked (the CLI prints it as one line)."""
 
@@ -169,7 +187,8 @@ class EnvSpec:
 
     def key(self, python: str) -> str:
         """Identifies the packed bytes: packages, Python and the strip rules."""
-        text = json.dumps([self.packages, python, STRIP.pattern, 1])
+        extra = extra_strip(self.name, python)
+        text = json.dumps([self.packages, python, STRIP.pattern, 1] + ([extra.pattern] if extra else []))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -263,7 +282,7 @@ def _venv_env(spec: EnvSpec, python: str, prefix: Path) -> None:
     _run([_interpreter(python), "-m", "venv", "--without-pip", str(prefix)])
     _run([sys.executable, "-m", "pip", "--python", str(prefix / "bin" / "python"), "install", "--quiet",
           "--no-compile", "--no-deps", "--disable-pip-version-check", *spec.packages])
-    strip_env(prefix)
+    strip_env(prefix, extra_strip(spec.name, python))
     _check_imports(prefix / "bin" / "python", spec)
 
 
@@ -272,20 +291,21 @@ def _conda_env(spec: EnvSpec, python: str, prefix: Path) -> None:  # pragma: no 
           "pip"])
     _run([str(prefix / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile", "--no-deps",
           *spec.packages])
-    strip_env(prefix)
+    strip_env(prefix, extra_strip(spec.name, python))
     _check_imports(prefix / "bin" / "python", spec)
 
 
-def strip_env(prefix: Path) -> int:
-    """Delete what no served model imports (`STRIP`) and the `lib64` alias (venv-pack would pack a second copy
-    of site-packages through it); drop the deleted files from each wheel's RECORD. Returns the bytes freed."""
+def strip_env(prefix: Path, extra: re.Pattern | None = None) -> int:
+    """Delete what no served model imports (`STRIP`, and `extra` for this env) and the `lib64` alias (venv-pack
+    would pack a second copy of site-packages through it); drop the deleted files from each wheel's RECORD.
+    Returns the bytes freed."""
     freed = 0
     if (prefix / "lib64").is_symlink():
         (prefix / "lib64").unlink()
     for path in sorted(prefix.rglob("*"), reverse=True):
         rel = path.relative_to(prefix).as_posix()
         site = re.sub(r"^lib/python\d+\.\d+/site-packages/", "", rel)
-        if not STRIP.search(site):
+        if not (STRIP.search(site) or (extra is not None and extra.search(site))):
             continue
         if path.is_symlink() or path.is_file():
             freed += path.lstat().st_size
@@ -301,7 +321,7 @@ def strip_env(prefix: Path) -> int:
 
 
 def _check_imports(python: Path, spec: EnvSpec) -> None:
-    modules = sorted(PROVIDES.get(spec.name, frozenset()) | {"numpy"})
+    modules = sorted(PROVIDES.get(spec.name, frozenset()) | set(IMPORT_CHECK.get(spec.name, ())) | {"numpy"})
     _run([str(python), "-c", "; ".join(f"import {m}" for m in modules)])
 
 

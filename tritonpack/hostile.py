@@ -102,6 +102,18 @@ def structural_cases(input_name: str, datatype: str, valid_shape: list[int], val
     ]
 
 
+def sagemaker_form(request: RawRequest) -> RawRequest:
+    """The same request as a SageMaker client sends it (InvokeEndpoint, local MME): the JSON header length of a
+    binary body goes in the content type (`application/vnd.sagemaker-triton.binary+json;json-header-size=N`) —
+    Triton's SageMaker front-end reads no `Inference-Header-Content-Length`. Bodies are unchanged."""
+    length = request.header_length
+    if length is None:
+        return request
+    headers = {k: v for k, v in request.headers.items() if k not in (HEADER_LENGTH, "Content-Type")}
+    headers["Content-Type"] = f"application/vnd.sagemaker-triton.binary+json;json-header-size={length}"
+    return RawRequest(request.body, headers)
+
+
 def _with_header(request: RawRequest, length) -> RawRequest:
     return RawRequest(request.body, request.headers | {HEADER_LENGTH: str(length(len(request.body)))})
 

@@ -29,6 +29,9 @@ log = logging.getLogger("tritonpack.mme")
 INVOCATIONS = re.compile(r"^/endpoints/([A-Za-z0-9](?:-*[A-Za-z0-9]){0,62})/invocations$")
 MAX_PAYLOAD_BYTES = 6 * 1024 * 1024  # SageMaker real-time InvokeEndpoint's limit
 INSUFFICIENT_STORAGE = 507
+# Triton 2.51 keeps a model whose python stub died registered and ready; every request through it then fails with
+# this (500 on Triton's HTTP front-end, 400 on its SageMaker front-end). The gateway reloads the target once.
+STUB_UNHEALTHY = re.compile(r"Stub process '[^']*' is not healthy")
 
 
 class Metrics:
@@ -43,6 +46,7 @@ class Metrics:
         "Invocation5XXErrors": ("counter", "invocations answered with a 5xx status"),
         "ModelDiskEvictions": ("counter", "extracted targets removed from the disk cache"),
         "TritonRestarts": ("counter", "times tritonserver was restarted after it died"),
+        "ModelReloads": ("counter", "targets unloaded and loaded again because one of their python stubs died"),
         "ModelLoadingWaitTime": ("summary", "seconds an invocation waited for its target to be fetched and loaded"),
         "ModelDownloadingTime": ("summary", "seconds spent fetching a tarball from the model source"),
         "ModelLoadingTime": ("summary", "seconds Triton took to load a target"),
@@ -122,6 +126,8 @@ class ModelManager:
         self._pending: dict[str, Future] = {}
         self._unloading: dict[str, threading.Event] = {}
         self._rejected: dict[str, tuple[str, TargetError]] = {}  # target → (version, why) of bad tarballs
+        self._broken: dict[str, str] = {}  # target → why: its python stub died; unload it before loading again
+        self.stub_deaths = 0
         self._lock = threading.RLock()
         self._restart_lock = threading.Lock()
         self.restarts = 0
@@ -145,7 +151,27 @@ class ModelManager:
                 if self.loaded.get(target) is model and model.active == 0:
                     del self.loaded[target]
             return self.invoke(target, body, content_type, retried=True)
+        dead = reply.status != 200 and STUB_UNHEALTHY.search(reply.message)
+        if dead:
+            if retried:
+                raise TargetError(503, f"a python stub of {target!r} is dead right after the target was loaded "
+                                       f"again ({reply.message}); log: {self.triton.log_path}")
+            self._mark_broken(target, model, reply.message)
+            return self.invoke(target, body, content_type, retried=True)
         return reply
+
+    def _mark_broken(self, target: str, model: Loaded, reason: str) -> None:
+        """A python stub of `target` died: the next load of it (this call's retry) unloads it first.
+
+        Concurrent calls that met the same dead stub find it marked already and just wait for that one reload."""
+        with self._lock:
+            if self.loaded.get(target) is not model:
+                return
+            del self.loaded[target]
+            self._broken[target] = reason
+            self.stub_deaths += 1
+            self.metrics.set("LoadedModelCount", len(self.loaded))
+        log.warning("%s: a python stub died (%s): unloading and loading the target again", target, reason)
 
     def _acquire(self, target: str) -> Loaded:
         """The loaded target, marked active; loads it (or waits for the load in flight) when it is not loaded."""
@@ -183,6 +209,27 @@ class ModelManager:
         waiting = self._unloading.get(target)
         if waiting is not None:
             waiting.wait()
+        with self._lock:
+            broken = self._broken.pop(target, None)
+        if broken is None:
+            return self._load_fresh(target)
+        started = time.monotonic()
+        reply = self._call(lambda: self.triton.unload(target_hash(target), target))
+        self.metrics.observe("ModelUnloadingTime", time.monotonic() - started)
+        if reply.status not in (200, 404):
+            log.warning("unloading %s after its stub died: HTTP %d %s", target, reply.status, reply.message)
+        try:
+            model = self._load_fresh(target)
+        except TargetError as e:
+            with self._lock:  # later calls try again (unload, load) and get the same 503 until it loads
+                self._broken.setdefault(target, broken)
+            raise TargetError(503, f"a python stub of {target!r} died ({broken}) and loading the target again "
+                                   f"failed: {e.message}", e.problems) from e
+        self.metrics.inc("ModelReloads")
+        log.warning("%s: loaded again after its python stub died", target)
+        return model
+
+    def _load_fresh(self, target: str) -> Loaded:
         version = self.source.version(target)
         if version is None:
             raise TargetError(404, f"target model {target!r} not found at {self.source.location(target)}")
@@ -305,6 +352,7 @@ class ModelManager:
             self._last_exit = self.triton.exit_code()
             with self._lock:
                 self.loaded.clear()
+                self._broken.clear()  # gone with the old process, dead stubs included
                 self.metrics.set("LoadedModelCount", 0)
             tail = self.triton.log_tail(5).replace("\n", " | ")
             if self.restarts >= self.max_restarts:
@@ -325,7 +373,9 @@ class ModelManager:
             return list(self.loaded)
 
     def shutdown(self) -> None:
-        self.triton.stop()
+        # A model whose stub died never finishes unloading in Triton 2.51 (even after our unload and reload), so
+        # tritonserver would wait out its whole exit timeout (30 s): stop it after a short grace period instead.
+        self.triton.stop(timeout_s=5.0 if self.stub_deaths else 30.0)
 
 
 # ---- gateway --------------------------------------------------------------------------------------------------

@@ -96,9 +96,10 @@ class SageMakerTriton:
         raise ServerError(f"tritonserver's SageMaker port {self.port} did not answer /ping within {timeout_s:.0f}s; "
                           f"log: {self.log_path}")
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM, up to `timeout_s` for Triton to unload its models and exit, then the process group is killed."""
         if self.server is not None:
-            self.server.stop()
+            self.server.stop(timeout_s)
 
     def restart(self) -> SageMakerTriton:
         self.stop()

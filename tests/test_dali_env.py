@@ -1,0 +1,115 @@
+"""The packed DALI environment (`envs/dali`, slimmed by `tritonpack.env.extra_strip`) runs the portable DALI runner.
+
+The `resnet_pt` preprocessing model gets the env through `EXECUTION_ENV_PATH` exactly as `make build ENV=1` attaches
+it, is served alone by the real tritonserver, and its PIXELS must equal an in-process run of the same `model.dali`
+with `.venv`'s DALI; the stub must have loaded DALI's libraries from the unpacked env, not from `.venv`.
+Packing the env takes minutes (DALI's wheels are ~800 MB unpacked), so this runs with `make soak` (marker `slow`),
+or alone: `.venv/bin/pytest -m slow tests/test_dali_env.py`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import BUILD_CACHE, ENV_CACHE
+from tests.images import bad_payloads, image_kinds
+
+MODEL = "resnet_pt_preprocess"
+
+
+@pytest.fixture(scope="module")
+def env_repository(tmp_path_factory) -> Path:
+    """Only the DALI step of `resnet_pt` (portable), with the packed DALI env beside its config."""
+    from ensembles import resnet_pt
+    from tritonpack.build import BuildRequest
+    from tritonpack.env import attach_environments
+    from tritonpack.repository import write_repository
+
+    BUILD_CACHE.mkdir(parents=True, exist_ok=True)
+    folders = [f for f in resnet_pt.models(BuildRequest("resnet_pt", "portable"), BUILD_CACHE) if f.spec.name == MODEL]
+    plan = attach_environments(folders, ENV_CACHE)  # packs dist/envs/dali-py<X.Y>.tar.gz once (cached)
+    assert plan.environments[MODEL]["env"] == "dali"
+    return write_repository(plan.folders, tmp_path_factory.mktemp("dali-env") / "repo")
+
+
+def preprocess_in_process(model_dali: Path, image: bytes) -> np.ndarray:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "models" / "dali_runner"))
+    try:
+        from serialized_pipeline import SerializedPipeline
+    finally:
+        sys.path.pop(0)
+    pipeline = SerializedPipeline.from_file(str(model_dali), input_name="IMAGE", max_batch_size=1)
+    return pipeline.run([np.frombuffer(image, dtype=np.uint8)])[0]
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_dali_runner_serves_same_pixels_from_packed_env_when_env_is_attached(env_repository):
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException
+
+    from tritonpack.client import image_input
+    from tritonpack.server import TritonServer
+    from tritonpack.spec import parse_config
+
+    config = parse_config((env_repository / MODEL / "config.pbtxt").read_text())
+    env_file = config.parameters["EXECUTION_ENV_PATH"].string_value.rsplit("/", 1)[1]
+    assert (env_repository / MODEL / env_file).is_file()
+    model_dali = env_repository / MODEL / "1" / "model.dali"
+    with TritonServer(env_repository) as server:
+        client = http.InferenceServerClient(server.url, network_timeout=120)
+        try:
+            for kind, image in image_kinds().items():
+                answer = client.infer(MODEL, [image_input([image])],
+                                      outputs=[http.InferRequestedOutput("PIXELS", binary_data=True)])
+                np.testing.assert_allclose(answer.as_numpy("PIXELS")[0], preprocess_in_process(model_dali, image),
+                                           rtol=1e-6, atol=1e-6, err_msg=kind)
+            with pytest.raises(InferenceServerException, match="could not be decoded") as bad:
+                client.infer(MODEL, [image_input([bad_payloads()["truncated_jpeg"]])])
+            assert bad.value.status() == "400"
+            assert server.is_ready()
+        finally:
+            client.close()
+        dali_libraries = {line.split()[-1] for pid in server.process_group_pids()
+                          for line in _maps(pid) if line.endswith("libdali_operators.so")}
+    assert dali_libraries, "no process of the server loaded DALI"
+    venv = Path(sys.prefix).resolve()
+    assert not [p for p in dali_libraries if Path(p).is_relative_to(venv)], (
+        f"the stub loaded DALI from .venv, not from the packed env: {dali_libraries}")
+
+
+def _maps(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/maps").read_text().splitlines()
+    except OSError:
+        return []
+
+
+@pytest.mark.parametrize(("path", "stripped"), [
+    ("nvidia/dali/backend_impl.cpython-312-x86_64-linux-gnu.so", True),
+    ("nvidia/dali/python_function_plugin.cpython-314t-x86_64-linux-gnu.so", True),
+    ("nvidia/nvimgcodec/nvimgcodec_impl.cpython-39-x86_64-linux-gnu.so", True),
+    ("nvidia/nvimgcodec/extensions/libnvjpeg_ext.so.0.9.0", True),
+    ("nvidia/nvimgcodec/extensions/libnvtiff_ext.so.0.9.0", True),
+    ("nvidia/dali/backend_impl.cpython-311-x86_64-linux-gnu.so", False),
+    ("numpy/core/_multiarray_umath.cpython-311-x86_64-linux-gnu.so", False),
+    ("nvidia/nvimgcodec/extensions/libjpeg_turbo_ext.so.0.9.0", False),
+    ("nvidia/nvimgcodec/extensions/libopencv_ext.so.0.9.0", False),
+    ("nvidia/dali/libdali_operators.so", False),
+    ("nvidia/dali/.libs/libavcodec-0c04e3c0.so.63", False),
+])
+def test_dali_env_strip_keeps_only_what_the_cpu_runner_loads_when_packing_for_python_3_11(path, stripped):
+    from tritonpack.env import extra_strip
+
+    assert bool(extra_strip("dali", "3.11").search(path)) is stripped
+
+
+def test_env_key_ignores_dali_rules_when_env_is_not_dali():
+    from tritonpack.env import EnvSpec, extra_strip
+
+    assert extra_strip("text", "3.11") is None and extra_strip("onnx", "3.10") is None
+    assert EnvSpec.load("dali").key("3.10") != EnvSpec.load("dali").key("3.11")
