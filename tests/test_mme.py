@@ -10,7 +10,6 @@ import os
 import random
 import signal
 import tarfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -247,7 +246,9 @@ def live_stub(server: LocalMME, model_folder: str) -> int:
 def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(models_dir, tmp_path, aws_env,
                                                                               tiny_reference, caplog):
     """Triton 2.51 keeps a model whose stub died ready and answers every request with "Stub process ... is not
-    healthy" (400 on its SageMaker front-end); the gateway unloads and loads the target once and retries."""
+    healthy" (400 on its SageMaker front-end). The gateway unloads and loads the target again and retries; when a
+    request was inside the stub as it died, Triton never answers it nor unloads the target, and the gateway
+    restarts tritonserver instead, retrying the calls that restart cut short."""
     from tritonpack.soak import group_members
 
     caplog.set_level(logging.INFO, logger="tritonpack.mme")
@@ -256,48 +257,56 @@ def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(mo
     pgid = server.triton.server.process.pid
     try:
         probe = HostileProbe(server, target, hostile.text_request(FEW))
-        results, done = [], threading.Event()
 
-        def client() -> None:
-            while not done.is_set():
-                status, text = probe.send(probe.valid)
-                ok = status == 200 and np.allclose(mme_support.json_outputs(text)["EMBEDDING"],
-                                                   probe.expected["EMBEDDING"], rtol=1e-5, atol=1e-6)
-                results.append((time.monotonic(), status, ok, "" if ok else text[:200]))
+        def answered(_=None) -> tuple[int, bool, str]:
+            status, text = probe.send(probe.valid)
+            ok = status == 200 and np.allclose(mme_support.json_outputs(text)["EMBEDDING"],
+                                               probe.expected["EMBEDDING"], rtol=1e-5, atol=1e-6)
+            return status, ok, "" if ok else text
 
-        with ThreadPoolExecutor(4) as pool:  # 4 clients keep invoking while the tokenizer's stub is killed
-            for _ in range(4):
-                pool.submit(client)
-            time.sleep(1)
-            killed_at = time.monotonic()
-            os.kill(live_stub(server, "bert_tokenizer"), signal.SIGKILL)  # a stub of the server this test started
-            time.sleep(4)
-            done.set()
-        after = [r for r in results if r[0] > killed_at]
-        failed = [r for r in results if not r[2]]
-        timing("dead_stub_requests_after_kill", len(after))
-        timing("dead_stub_failed_requests", len(failed))
-        assert after and not failed, failed[:3]
+        # 1. the stub dies while idle: the next call is answered (Triton unloads the target in ~1 s)
+        os.kill(live_stub(server, "bert_tokenizer"), signal.SIGKILL)  # a stub of the server this test started
+        started = time.monotonic()
+        assert answered()[1]
+        timing("dead_stub_idle_first_call_s", time.monotonic() - started)
         values = metrics(server)
-        assert values["ModelReloads"] == 1 and values["Invocation5XXErrors"] == 0 and values["TritonRestarts"] == 0
+        assert (values["ModelReloads"], values["TritonRestarts"], values["Invocation5XXErrors"]) == (1, 0, 0)
         assert any("loaded again after its python stub died" in r.getMessage() for r in caplog.records)
-        assert_embeddings_match(embed(runtime_for(server), target, FEW), expected)
 
-        # killed again, and this time the target cannot be loaded again: 503 with the reason, others still served
+        # 2. the stub dies with two requests held in it (SIGSTOP) and the target does not unload in time (under load
+        # Triton 2.51 was seen to never finish that unload; a tiny timeout forces the path): tritonserver is
+        # restarted, the calls it cut short are retried, and all three calls are answered
+        server.manager.dead_unload_timeout_s = 0.01
+        victim = live_stub(server, "bert_tokenizer")
+        os.kill(victim, signal.SIGSTOP)
+        with ThreadPoolExecutor(2) as pool:
+            held = [pool.submit(answered) for _ in range(2)]
+            time.sleep(1)
+            os.kill(victim, signal.SIGKILL)
+            started = time.monotonic()
+            results = [answered()] + [future.result(timeout=120) for future in held]
+        timing("dead_stub_in_flight_recovery_s", time.monotonic() - started)
+        assert all(ok for _, ok, _ in results), results
+        values = metrics(server)
+        assert (values["ModelReloads"], values["TritonRestarts"], values["Invocation5XXErrors"]) == (2, 1, 0)
+        assert any("restarting tritonserver" in r.getMessage() for r in caplog.records)
+
+        # 3. killed again, and this time the target cannot be loaded again: 503 with the reason, others served
         model_py = server.cache.lookup(target, server.source.version(target)) / "bert_tokenizer" / "1" / "model.py"
         model_py.write_text("raise RuntimeError('broken on purpose')\n")
         os.kill(live_stub(server, "bert_tokenizer"), signal.SIGKILL)
         for _ in range(2):  # raw HTTP: boto3 would retry a 503 on its own
-            status, text = probe.send(probe.valid)
+            status, _, text = answered()
             message = json.loads(text)["message"]
             assert status == 503 and "is not healthy" in message and "loading the target again failed" in message
         assert_embeddings_match(embed(runtime_for(server), "tiny-b.tar.gz", FEW), expected)
     finally:
+        pgids = {pgid, server.triton.server.process.pid}  # the first tritonserver and the restarted one
         started = time.monotonic()
         server.stop()
         timing("stop_after_dead_stub_s", time.monotonic() - started)
     assert time.monotonic() - started < 20, "stop() waited out Triton's exit timeout"
-    assert group_members(pgid) == [], "processes (or zombies) of the MME's tritonserver outlived stop()"
+    assert all(group_members(g) == [] for g in pgids), "processes (or zombies) of the MME's tritonservers remain"
 
 
 def test_local_mme_serves_random_targets_when_200_copies_are_on_s3(moto_server, tiny_tarball, tiny_reference,

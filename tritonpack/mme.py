@@ -106,6 +106,7 @@ class Loaded:
     target: str
     active: int = 0
     last_used: float = field(default_factory=time.time)
+    broken: bool = False  # a python stub of this load died: calls that fail on it are retried on the next load
 
     @property
     def hash(self) -> str:
@@ -135,6 +136,18 @@ class ModelManager:
     # ---- invocation -----------------------------------------------------------------------------------------
     def invoke(self, target: str, body: bytes, content_type: str | None, retried: bool = False) -> Reply:
         target = validate_target(target)
+        generation = self.triton.starts
+        try:
+            return self._invoke(target, body, content_type, retried)
+        except TargetError as e:
+            # A call cut short by a restart the gateway made itself (to free a dead stub) is retried once; calls cut
+            # short by a crash are not (the request might be what crashed it).
+            if retried or e.status < 500 or self._planned_start <= generation:
+                raise
+            log.info("%s: retrying a call interrupted by the planned tritonserver restart (%s)", target, e.message)
+            return self.invoke(target, body, content_type, retried=True)
+
+    def _invoke(self, target: str, body: bytes, content_type: str | None, retried: bool) -> Reply:
         self._ensure_triton()
         model = self._acquire(target)
         try:
@@ -151,12 +164,13 @@ class ModelManager:
                 if self.loaded.get(target) is model and model.active == 0:
                     del self.loaded[target]
             return self.invoke(target, body, content_type, retried=True)
-        dead = reply.status != 200 and STUB_UNHEALTHY.search(reply.message)
-        if dead:
+        if reply.status != 200 and STUB_UNHEALTHY.search(reply.message):
             if retried:
                 raise TargetError(503, f"a python stub of {target!r} is dead right after the target was loaded "
                                        f"again ({reply.message}); log: {self.triton.log_path}")
             self._mark_broken(target, model, reply.message)
+        if reply.status != 200 and model.broken and not retried:
+            # failed on a load whose stub died: "not healthy", or "not found" while it was being unloaded
             return self.invoke(target, body, content_type, retried=True)
         return reply
 
@@ -165,6 +179,7 @@ class ModelManager:
 
         Concurrent calls that met the same dead stub find it marked already and just wait for that one reload."""
         with self._lock:
+            model.broken = True
             if self.loaded.get(target) is not model:
                 return
             del self.loaded[target]
@@ -213,11 +228,9 @@ class ModelManager:
             broken = self._broken.pop(target, None)
         if broken is None:
             return self._load_fresh(target)
-        started = time.monotonic()
-        reply = self._call(lambda: self.triton.unload(target_hash(target), target))
-        self.metrics.observe("ModelUnloadingTime", time.monotonic() - started)
-        if reply.status not in (200, 404):
-            log.warning("unloading %s after its stub died: HTTP %d %s", target, reply.status, reply.message)
+        if not self._unload_dead(target):
+            self._restart_planned(f"a python stub of {target!r} died ({broken}) and the target did not unload "
+                                  f"within {self.dead_unload_timeout_s:g} s")
         try:
             model = self._load_fresh(target)
         except TargetError as e:
@@ -228,6 +241,45 @@ class ModelManager:
         self.metrics.inc("ModelReloads")
         log.warning("%s: loaded again after its python stub died", target)
         return model
+
+    def _unload_dead(self, target: str) -> bool:
+        """Unload a target whose stub died; False when Triton does not finish within `dead_unload_timeout_s`.
+
+        Idle, such a target unloads in 1-2 s and leaves only the dead stub's instance behind (Triton 2.51 never
+        finishes that one). With requests in flight as the stub died, Triton 2.51 was seen never to finish unloading
+        the ensemble (its SageMaker front-end's DELETE then waits for ever): the caller restarts tritonserver."""
+        started = time.monotonic()
+        try:
+            reply = self.triton.unload(target_hash(target), target, timeout=self.dead_unload_timeout_s)
+        except TritonUnavailable as e:
+            log.warning("%s did not unload after its stub died: %s", target, e)
+            return False
+        self.metrics.observe("ModelUnloadingTime", time.monotonic() - started)
+        if reply.status not in (200, 404):
+            log.warning("unloading %s after its stub died: HTTP %d %s", target, reply.status, reply.message)
+        return True
+
+    def _restart_planned(self, why: str) -> None:
+        """Stop tritonserver at once and start it again (every target loads again on first use); calls it
+        interrupts are retried (see `invoke`)."""
+        with self._restart_lock:
+            with self._lock:
+                self.loaded.clear()
+                self._broken.clear()
+                self.metrics.set("LoadedModelCount", 0)
+            if self._stopping:
+                raise TargetError(503, f"{why}; the local MME is shutting down")
+            if self.restarts >= self.max_restarts:
+                raise TargetError(503, f"{why}; tritonserver cannot be restarted: already restarted "
+                                       f"{self.restarts} times; log {self.triton.log_path}")
+            self.restarts += 1
+            self.metrics.inc("TritonRestarts")
+            self._planned_start = self.triton.starts + 1
+            log.warning("restarting tritonserver: %s", why)
+            try:
+                self.triton.restart(stop_timeout_s=3.0)
+            except Exception as e:  # noqa: BLE001 - reported to the caller as the reason
+                raise TargetError(503, f"{why}; restarting tritonserver failed: {e}") from e
 
     def _load_fresh(self, target: str) -> Loaded:
         version = self.source.version(target)
@@ -337,6 +389,9 @@ class ModelManager:
 
     _last_exit: int | None = None
     _recovery: str = ""
+    _stopping: bool = False
+    _planned_start: int = 0  # the tritonserver start number of the last restart the gateway chose to make
+    dead_unload_timeout_s: float = 10.0
 
     def _ensure_triton(self) -> None:
         if not self.triton.alive():
@@ -350,6 +405,9 @@ class ModelManager:
             if self.triton.alive():
                 return
             self._last_exit = self.triton.exit_code()
+            if self._stopping:
+                self._recovery = "the local MME is shutting down"
+                return
             with self._lock:
                 self.loaded.clear()
                 self._broken.clear()  # gone with the old process, dead stubs included
@@ -373,6 +431,8 @@ class ModelManager:
             return list(self.loaded)
 
     def shutdown(self) -> None:
+        with self._restart_lock:  # calls still in flight must not restart the server being stopped
+            self._stopping = True
         # A model whose stub died never finishes unloading in Triton 2.51 (even after our unload and reload), so
         # tritonserver would wait out its whole exit timeout (30 s): stop it after a short grace period instead.
         self.triton.stop(timeout_s=5.0 if self.stub_deaths else 30.0)

@@ -101,8 +101,8 @@ class SageMakerTriton:
         if self.server is not None:
             self.server.stop(timeout_s)
 
-    def restart(self) -> SageMakerTriton:
-        self.stop()
+    def restart(self, stop_timeout_s: float = 30.0) -> SageMakerTriton:
+        self.stop(stop_timeout_s)
         return self.start()
 
     def alive(self) -> bool:
@@ -136,8 +136,8 @@ class SageMakerTriton:
         body = json.dumps({"model_name": model_hash, "url": str(url)}).encode()
         return self.request("POST", "/models", body, {TARGET_HEADER: target, "Content-Type": "application/json"})
 
-    def unload(self, model_hash: str, target: str) -> Reply:
-        return self.request("DELETE", f"/models/{model_hash}", headers={TARGET_HEADER: target})
+    def unload(self, model_hash: str, target: str, timeout: float | None = None) -> Reply:
+        return self.request("DELETE", f"/models/{model_hash}", headers={TARGET_HEADER: target}, timeout=timeout)
 
     def invoke(self, model_hash: str, target: str, body: bytes, content_type: str | None) -> Reply:
         headers = {TARGET_HEADER: target, "Content-Type": content_type or "application/json"}

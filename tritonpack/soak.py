@@ -54,6 +54,11 @@ class SoakReport:
     rss_kb_after_warmup: int = 0
     rss_kb_end: int = 0
     rss_kb_by_process_end: dict[str, int] = field(default_factory=dict)
+    # where the memory is (VmRSS, RssAnon, RssFile, RssShmem per process): the python backend's shared-memory pool
+    # counts in both tritonserver's and the stubs' RSS and only grows, so growth there is not a heap leak
+    memory_after_warmup: dict[str, dict[str, int]] = field(default_factory=dict)
+    memory_end: dict[str, dict[str, int]] = field(default_factory=dict)
+    rss_kb_samples: list[int] = field(default_factory=list)  # after each tenth of the run, nothing in flight
     server_regions: list[str] = field(default_factory=list)
     regions_left: list[str] = field(default_factory=list)
     processes_left: list[int] = field(default_factory=list)
@@ -105,6 +110,22 @@ def rss_kb(pids) -> dict[int, int]:
         except OSError:
             continue
     return sizes
+
+
+MEMORY_FIELDS = ("VmRSS", "RssAnon", "RssFile", "RssShmem")
+
+
+def memory_kb(pids) -> dict[str, dict[str, int]]:
+    """`name[pid]` → VmRSS and its parts (anonymous, file-backed, shared memory) in kB."""
+    out = {}
+    for pid in pids:
+        try:
+            lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        except OSError:
+            continue
+        values = {line.split(":")[0]: int(line.split()[1]) for line in lines if line.split(":")[0] in MEMORY_FIELDS}
+        out[f"{process_name(pid)}[{pid}]"] = values
+    return out
 
 
 def stub_regions(pids) -> set[str]:
@@ -214,6 +235,7 @@ def soak(repository: Path, workload: Workload, requests: int = 10_000, concurren
             runner.run(plan_requests(workload, warmup, 0.0, seed + 1))
             report.server_regions = sorted(stub_regions(server.process_group_pids()))
             report.rss_kb_after_warmup = sum(rss_kb(server.process_group_pids()).values())
+            report.memory_after_warmup = memory_kb(server.process_group_pids())
             plan = plan_requests(workload, requests, hostile_fraction, seed)
             start = time.monotonic()
             chunk = max(1, requests // 10)
@@ -223,13 +245,15 @@ def soak(repository: Path, workload: Workload, requests: int = 10_000, concurren
                     setattr(report, kind, getattr(report, kind) + 1)
                     if problem:
                         (report.valid_failures if kind == "valid" else report.hostile_unexpected).append(problem)
+                report.rss_kb_samples.append(sum(rss_kb(server.process_group_pids()).values()))
                 if progress:
                     progress(f"{report.requests}/{requests} requests, {time.monotonic() - start:.0f}s, "
-                             f"RSS {sum(rss_kb(server.process_group_pids()).values()) / 1024:.0f} MiB")
+                             f"RSS {report.rss_kb_samples[-1] / 1024:.0f} MiB")
             report.duration_s = time.monotonic() - start
             sizes = rss_kb(server.process_group_pids())
             report.rss_kb_end = sum(sizes.values())
             report.rss_kb_by_process_end = {f"{process_name(p)}[{p}]": kb for p, kb in sizes.items()}
+            report.memory_end = memory_kb(server.process_group_pids())
         finally:
             runner.close()
     finally:
