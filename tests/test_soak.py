@@ -1,14 +1,16 @@
 """Soak: mixed valid and hostile requests at concurrency 8 on an own tritonserver (`tritonpack.soak`).
 
 The fast subset (300 requests on `bert`) runs in `make test`; `make soak` runs 10,000 requests against `bert` and
-an image ensemble and also holds server + stub RSS growth after warm-up to 5 %. Figures go to dist/soak/.
+an image ensemble and also holds the growth of server + stub resident memory after warm-up to 5 %. Resident memory
+is counted once per page: the python backend's shared-memory pool is mapped by tritonserver and by every stub, so
+summing each process's VmRSS counts the pool several times as it fills (bounded, never a leak); both figures are
+reported. Figures go to dist/soak/.
 """
 
 from __future__ import annotations
 
 import pytest
 
-import ensembles
 from tests.conftest import PROJECT_ROOT
 from tritonpack.soak import image_workload, soak, text_workload
 
@@ -26,7 +28,7 @@ def check(report, max_rss_growth: float | None) -> None:
     assert report.processes_left == [], "processes (or zombies) of the server's group outlived stop()"
     assert report.regions_left == [], "the server's /dev/shm regions outlived stop()"
     if max_rss_growth is not None:
-        assert report.rss_growth <= max_rss_growth, report.summary()
+        assert report.unique_growth <= max_rss_growth, report.summary()
 
 
 @pytest.mark.server
@@ -43,7 +45,5 @@ def test_soak_keeps_rss_flat_and_answers_every_valid_request_when_10000_mixed_re
 @pytest.mark.server
 @pytest.mark.soak
 def test_soak_keeps_rss_flat_and_answers_every_valid_request_when_10000_mixed_requests_hit_images(build_ensemble):
-    if IMAGE_ENSEMBLE not in ensembles.NAMES:
-        pytest.skip(f"{IMAGE_ENSEMBLE} is not registered")
     report = soak(build_ensemble(IMAGE_ENSEMBLE).repository, image_workload(IMAGE_ENSEMBLE), requests=10_000)
     check(report, MAX_RSS_GROWTH)

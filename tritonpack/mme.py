@@ -333,15 +333,19 @@ class ModelManager:
             except Exception as e:  # noqa: BLE001 - any fetch failure is the source's answer for this target
                 raise TargetError(502, f"could not fetch {self.source.location(target)}: {e}") from e
             self.metrics.observe("ModelDownloadingTime", time.monotonic() - started)
-            # The local server's python stub is this interpreter's Python: packed envs must match it.
-            report = check(download, python=PYTHON_VERSION)
-            if report.problems:
-                raise TargetError(400, f"{target} is not deployable", [str(p) for p in report.problems])
             try:
-                return self.cache.add(target, version, download)
+                model_dir = self.cache.add(target, version, download)
             except ArchiveError as e:
-                raise TargetError(400, f"{target}: unsafe archive, nothing extracted",
+                raise TargetError(400, f"{target} is not deployable: unsafe archive, nothing extracted",
                                   [str(p) for p in e.problems]) from e
+            # safe_extract checked the archive before writing anything; the rest of `check` runs on the extracted
+            # folder, which saves a second decompression of the tarball on every cold start.
+            # The local server's python stub is this interpreter's Python: packed envs must match it.
+            report = check(model_dir, python=PYTHON_VERSION)
+            if report.problems:
+                self.cache.remove(target)
+                raise TargetError(400, f"{target} is not deployable", [str(p) for p in report.problems])
+            return model_dir
         finally:
             shutil.rmtree(download.parent, ignore_errors=True)
 

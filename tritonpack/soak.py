@@ -59,6 +59,9 @@ class SoakReport:
     memory_after_warmup: dict[str, dict[str, int]] = field(default_factory=dict)
     memory_end: dict[str, dict[str, int]] = field(default_factory=dict)
     rss_kb_samples: list[int] = field(default_factory=list)  # after each tenth of the run, nothing in flight
+    # private memory (RssAnon + RssFile per process) plus the pages of the server's /dev/shm regions counted once
+    unique_kb_after_warmup: int = 0
+    unique_kb_end: int = 0
     server_regions: list[str] = field(default_factory=list)
     regions_left: list[str] = field(default_factory=list)
     processes_left: list[int] = field(default_factory=list)
@@ -71,16 +74,22 @@ class SoakReport:
     def rss_growth(self) -> float:
         return self.rss_kb_end / max(self.rss_kb_after_warmup, 1) - 1.0
 
+    @property
+    def unique_growth(self) -> float:
+        return self.unique_kb_end / max(self.unique_kb_after_warmup, 1) - 1.0
+
     def summary(self) -> str:
         return (f"{self.ensemble}: {self.requests} requests ({self.hostile} hostile) in {self.duration_s:.0f}s, "
                 f"{len(self.valid_failures)} valid failed, {len(self.hostile_unexpected)} hostile unexpected; "
                 f"RSS {self.rss_kb_after_warmup / 1024:.0f} → {self.rss_kb_end / 1024:.0f} MiB "
-                f"({self.rss_growth:+.1%}); /dev/shm regions {self.shm_regions_before} before, "
+                f"({self.rss_growth:+.1%}; shared memory counted once {self.unique_growth:+.1%}); "
+                f"/dev/shm regions {self.shm_regions_before} before, "
                 f"{self.shm_regions_after} after ({len(self.regions_left)} of ours left); "
                 f"{len(self.processes_left)} processes left")
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self) | {"rss_growth": self.rss_growth}, indent=2)
+        return json.dumps(asdict(self) | {"rss_growth": self.rss_growth, "unique_growth": self.unique_growth},
+                          indent=2)
 
 
 def sentence(rng: random.Random) -> str:
@@ -126,6 +135,19 @@ def memory_kb(pids) -> dict[str, dict[str, int]]:
         values = {line.split(":")[0]: int(line.split()[1]) for line in lines if line.split(":")[0] in MEMORY_FIELDS}
         out[f"{process_name(pid)}[{pid}]"] = values
     return out
+
+
+def unique_kb(memory: dict[str, dict[str, int]], regions) -> int:
+    """Private memory of every process plus the shared-memory regions' resident pages, each counted once
+    (summed VmRSS counts a python stub's region twice: in the stub and in tritonserver)."""
+    private = sum(m.get("RssAnon", 0) + m.get("RssFile", 0) for m in memory.values())
+    shared = 0
+    for region in regions:
+        try:
+            shared += os.stat(f"/dev/shm/{region}").st_blocks * 512 // 1024  # tmpfs: pages touched
+        except OSError:
+            continue
+    return private + shared
 
 
 def stub_regions(pids) -> set[str]:
@@ -236,6 +258,7 @@ def soak(repository: Path, workload: Workload, requests: int = 10_000, concurren
             report.server_regions = sorted(stub_regions(server.process_group_pids()))
             report.rss_kb_after_warmup = sum(rss_kb(server.process_group_pids()).values())
             report.memory_after_warmup = memory_kb(server.process_group_pids())
+            report.unique_kb_after_warmup = unique_kb(report.memory_after_warmup, report.server_regions)
             plan = plan_requests(workload, requests, hostile_fraction, seed)
             start = time.monotonic()
             chunk = max(1, requests // 10)
@@ -254,6 +277,7 @@ def soak(repository: Path, workload: Workload, requests: int = 10_000, concurren
             report.rss_kb_end = sum(sizes.values())
             report.rss_kb_by_process_end = {f"{process_name(p)}[{p}]": kb for p, kb in sizes.items()}
             report.memory_end = memory_kb(server.process_group_pids())
+            report.unique_kb_end = unique_kb(report.memory_end, stub_regions(server.process_group_pids()))
         finally:
             runner.close()
     finally:
