@@ -7,11 +7,11 @@ classification extension (`class_count`) answers with labels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from tritonpack.components import DaliPipeline, ModelFolder, dali_model
-from tritonpack.spec import DynamicBatching, EnsembleStep, ModelSpec, SpecError, Tensor
+from tritonpack.spec import DynamicBatching, EnsembleStep, ModelSpec, SpecError, Tensor, override_fields
 
 LABELS_DIR = Path(__file__).resolve().parent / "labels"
 IMAGENET_1000 = LABELS_DIR / "imagenet1000.txt"
@@ -41,15 +41,7 @@ class ImageServing:
 
     def with_overrides(self, overrides) -> ImageServing:
         """`(("max_image_pixels", "1000000"),)` (strings, as from the command line's `--serving KEY=VALUE`)."""
-        values = {}
-        for key, text in dict(overrides).items():
-            if key not in self.__dataclass_fields__:
-                raise SpecError(f"unknown serving setting {key!r}; one of {', '.join(self.__dataclass_fields__)}")
-            try:
-                values[key] = int(text)
-            except ValueError:
-                raise SpecError(f"serving setting {key} takes an integer, got {text!r}") from None
-        return replace(self, **values)
+        return override_fields(self, overrides)
 
     @property
     def dynamic_batching(self) -> DynamicBatching:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from tritonpack.components import ModelFolder, python_model
-from tritonpack.spec import DynamicBatching, EnsembleStep, InstanceGroup, ModelSpec, SpecError, Tensor
+from tritonpack.spec import DynamicBatching, EnsembleStep, InstanceGroup, ModelSpec, SpecError, Tensor, override_fields
 
 BUNDLED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 MAX_TEXT_BYTES = 65536  # one TEXT element; longer input is rejected before tokenization
@@ -103,20 +103,7 @@ class TextServing:
 
     def with_overrides(self, overrides) -> TextServing:
         """`(("dynamic_batching", "false"), ("encoder_instances", "2"))` (strings, as from the command line)."""
-        values = {}
-        for key, text in dict(overrides).items():
-            if key not in self.__dataclass_fields__:
-                raise SpecError(f"unknown serving setting {key!r}; one of {', '.join(self.__dataclass_fields__)}")
-            current = getattr(self, key)
-            if isinstance(current, bool):
-                if str(text).lower() not in ("true", "false", "1", "0"):
-                    raise SpecError(f"serving setting {key} takes true or false, got {text!r}")
-                values[key] = str(text).lower() in ("true", "1")
-            elif isinstance(current, tuple):
-                values[key] = tuple(int(v) for v in str(text).replace(",", " ").split())
-            else:
-                values[key] = int(text)
-        return replace(self, **values)
+        return override_fields(self, overrides)
 
     def batching(self) -> DynamicBatching | None:
         if not self.dynamic_batching:

@@ -117,28 +117,26 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def process_stats():
+    """(pid, process group, user + system clock ticks, command line) of every process readable in /proc."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()  # fields after the command name; [2] is the group
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            yield int(entry.name), int(fields[2]), int(fields[11]) + int(fields[12]), cmd
+
+
 def other_processes(top: int = 5) -> list[dict]:
     """The busiest processes (by CPU time in the last second) that are not this bench or its server."""
     mine = {os.getpid()}
-
-    def ticks() -> dict[int, tuple[int, str]]:
-        out = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = (entry / "stat").read_text()
-                fields = stat[stat.rindex(")") + 2:].split()
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-                out[int(entry.name)] = (int(fields[11]) + int(fields[12]), cmd[:120])
-        return out
-
-    before = ticks()
+    before = {pid: ticks for pid, _, ticks, _ in process_stats()}
     time.sleep(1.0)
-    after = ticks()
     hz = os.sysconf("SC_CLK_TCK")
-    busy = [{"pid": pid, "cpu_percent": round(100 * (t - before[pid][0]) / hz), "command": cmd}
-            for pid, (t, cmd) in after.items() if pid in before and pid not in mine]
+    busy = [{"pid": pid, "cpu_percent": round(100 * (ticks - before[pid]) / hz), "command": cmd[:120]}
+            for pid, _, ticks, cmd in process_stats() if pid in before and pid not in mine]
     return sorted([b for b in busy if b["cpu_percent"] > 5], key=lambda b: -b["cpu_percent"])[:top]
 
 
@@ -229,14 +227,7 @@ class CpuMeter:
     def seconds(self) -> float:
         total = sum(os.times()[:2])
         if self.groups:
-            for entry in Path("/proc").iterdir():
-                if not entry.name.isdigit():
-                    continue
-                with contextlib.suppress(OSError, ValueError, IndexError):
-                    stat = (entry / "stat").read_text()
-                    fields = stat[stat.rindex(")") + 2:].split()
-                    if int(fields[2]) in self.groups:  # field 5 of stat: process group
-                        total += (int(fields[11]) + int(fields[12])) / self.hz
+            total += sum(ticks for _, group, ticks, _ in process_stats() if group in self.groups) / self.hz
         return total
 
     def measure(self, side: Callable[[], Run]) -> Run:

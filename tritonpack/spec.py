@@ -6,7 +6,7 @@ Field names follow `model_config.proto` (snake_case) so a spec reads like the co
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
@@ -220,6 +220,30 @@ def render_config(cfg: mc.ModelConfig) -> str:
         # explicit line tells the reader the choice was deliberate.
         text = text.replace(f'name: "{cfg.name}"\n', f'name: "{cfg.name}"\nmax_batch_size: 0\n', 1)
     return text
+
+
+def override_fields(settings, overrides):
+    """A copy of the frozen dataclass `settings` with fields set from strings, as given on the command line
+    (`--serving KEY=VALUE`): booleans take true/false/1/0, tuples comma- or space-separated integers."""
+    values = {}
+    for key, text in dict(overrides).items():
+        if key not in settings.__dataclass_fields__:
+            raise SpecError(f"unknown serving setting {key!r}; one of {', '.join(settings.__dataclass_fields__)}")
+        current = getattr(settings, key)
+        try:
+            if isinstance(current, bool):
+                if str(text).lower() not in ("true", "false", "1", "0"):
+                    raise ValueError
+                values[key] = str(text).lower() in ("true", "1")
+            elif isinstance(current, tuple):
+                values[key] = tuple(int(v) for v in str(text).replace(",", " ").split())
+            else:
+                values[key] = int(text)
+        except ValueError:
+            kind = "true or false" if isinstance(current, bool) else "integers" if isinstance(current, tuple) else \
+                "an integer"
+            raise SpecError(f"serving setting {key} takes {kind}, got {text!r}") from None
+    return replace(settings, **values)
 
 
 def parse_config(text: str) -> mc.ModelConfig:
