@@ -26,19 +26,6 @@ from tritonpack.sagemaker_triton import TARGET_HEADER
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
            "AWS_DEFAULT_REGION": "us-east-1"}
 TINY_HIDDEN = 8
-MIN_COSINE = 0.9999
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-
-
-def assert_embeddings_match(embeddings: np.ndarray, reference: np.ndarray) -> None:
-    assert embeddings.shape == reference.shape
-    worst = cosines(embeddings, reference)
-    assert worst.min() >= MIN_COSINE, f"row {int(worst.argmin())} cosine {worst.min():.6f}"
-
-
 @pytest.fixture(scope="session")
 def aws_env():
     """Fake credentials, so that nothing can reach a real account (every client also gets an endpoint URL)."""

@@ -22,9 +22,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests import mme_support
-from tests.mme_support import HostileProbe, assert_embeddings_match, link_or_copy, metrics, runtime_for, timing
+from tests.mme_support import HostileProbe, link_or_copy, metrics, runtime_for, timing
 from tests.test_hostile_inputs import TEXT_CASES
-from tests.texts import SENTENCES
+from tests.texts import SENTENCES, assert_embeddings_match
 from tritonpack import aws, hostile, payloads
 from tritonpack.mme import LocalMME
 

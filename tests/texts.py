@@ -1,4 +1,20 @@
-"""Varied sentences for the text ensembles: empty, unicode, emoji, control characters, > 256 tokens."""
+"""Varied sentences for the text ensembles (empty, unicode, emoji, control characters, > 256 tokens) and how
+served embeddings are compared with the reference."""
+
+import numpy as np
+
+MIN_COSINE = 0.9999
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def assert_embeddings_match(embeddings: np.ndarray, reference: np.ndarray) -> None:
+    assert embeddings.shape == reference.shape
+    worst = cosines(embeddings, reference)
+    assert worst.min() >= MIN_COSINE, f"row {int(worst.argmin())} cosine {worst.min():.6f}"
+
 
 LONG = " ".join(f"word{i}" for i in range(600))  # far beyond 256 tokens: truncation must match
 
