@@ -11,7 +11,7 @@ WEIGHTS ?=
 GRAPHDEF ?=# dali_inception: the TF-slim frozen graph (passed as --weights)
 MODEL_FORMAT ?=# dali_inception: graphdef (default) | onnx
 ENV ?=# 1: pack the python models' environments into their folders (EXECUTION_ENV_PATH), for SageMaker
-ENVS ?= text onnx# make env: which envs/<name>/environment.yml to pack
+ENVS ?= text openvino onnx# make env: which envs/<name>/environment.yml to pack
 PYTHON_VERSION ?=# make env / ENV=1: the target container's Python (default: this interpreter's, the local stub's)
 TRITON_CONTAINER ?=# make env / make check: a Triton container release (e.g. 24.10) instead of PYTHON_VERSION
 MME_PORT ?= 8080
@@ -46,7 +46,7 @@ build: $(STAMP) ## build dist/NAME-TARGET/ and its MME tarball without serving
 serve: $(STAMP) ## serve dist/NAME-TARGET in the local Triton until Ctrl-C
 	$(BIN)/tritonpack serve $(REPO)
 
-env: $(STAMP) ## pack ENVS (text onnx) into dist/envs/ (conda-pack when conda is on PATH, else venv-pack)
+env: $(STAMP) ## pack ENVS (text openvino onnx) into dist/envs/ (conda-pack when conda is on PATH, else venv-pack)
 	$(BIN)/tritonpack env $(ENVS) $(if $(PYTHON_VERSION),--python $(PYTHON_VERSION))$(if $(TRITON_CONTAINER), --container $(TRITON_CONTAINER))
 
 check: $(STAMP) ## will dist/NAME-TARGET.tar.gz load on an MME? one line per problem, exit 1 if not

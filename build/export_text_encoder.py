@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 MAX_ABS_DIFF = 1e-4  # on real (unpadded) tokens, against the PyTorch forward
+MIN_EMBEDDING_COSINE = 0.9999  # mean-pooled, against the PyTorch forward, for reduced-precision runtimes
 CHECK_TEXTS = [
     "",
     "A short one.",
@@ -128,6 +129,33 @@ def fuse(model_dir: Path, onnx_path: Path, out_path: Path, input_names: list[str
     counts = {k: v for k, v in fused.get_fused_operator_statistics().items() if v}
     print(f"fused {Path(model_dir).name}: {counts}, max abs diff {diff:.1e}")
     return diff
+
+
+def check_openvino(model_dir: Path, onnx_path: Path, input_names: list[str], max_length: int,
+                   precision: str) -> float:
+    """Run `onnx_path` with OpenVINO at `precision` (fp32 | bf16) on this CPU; returns the smallest cosine between
+    its mean-pooled embeddings and PyTorch's, and raises below MIN_EMBEDDING_COSINE. Where the CPU has no native
+    bf16, OpenVINO runs fp32 and the check shows that."""
+    import openvino as ov
+    import torch
+
+    inputs = _check_inputs(model_dir, input_names, max_length)
+    with torch.inference_mode():
+        expected = _load(model_dir)(*(torch.from_numpy(inputs[n]) for n in input_names)).numpy()
+    core = ov.Core()
+    hint = {"fp32": "f32", "bf16": "bf16"}[precision]
+    compiled = core.compile_model(core.read_model(str(onnx_path)), "CPU", {"INFERENCE_PRECISION_HINT": hint})
+    actual = compiled({n: inputs[n] for n in input_names})[0]
+    mask = inputs["attention_mask"][:, :, None].astype(np.float32)
+    pooled = [(x * mask).sum(1) / mask.sum(1) for x in (expected, actual)]
+    cosine = float(((pooled[0] * pooled[1]).sum(1) / np.linalg.norm(pooled[0], axis=1)
+                    / np.linalg.norm(pooled[1], axis=1)).min())
+    ran = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()  # what this CPU runs: bf16 or f32
+    if not cosine >= MIN_EMBEDDING_COSINE:
+        raise RuntimeError(f"OpenVINO {precision} ({ran}) embeddings of {model_dir} reach cosine {cosine:.6f} "
+                           f"< {MIN_EMBEDDING_COSINE} against PyTorch; serve it with encoder_precision=fp32")
+    print(f"openvino {precision} ({ran}) {Path(model_dir).name}: min embedding cosine {cosine:.6f}")
+    return cosine
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ from tritonpack.spec import DynamicBatching, EnsembleStep, InstanceGroup, ModelS
 
 BUNDLED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 MAX_TEXT_BYTES = 65536  # one TEXT element; longer input is rejected before tokenization
+ENCODER_RUNTIMES = ("onnxruntime", "openvino")
 
 
 @dataclass(frozen=True)
@@ -96,10 +97,18 @@ class TextServing:
     encoder_instances: int = 1
     encoder_threads: int = 0  # intra-op threads per encoder instance (portable runner); 0: the library's default
     preferred_batch_size: tuple[int, ...] = ()
+    # Which library runs the ONNX encoder on cpu/portable, and in which precision (bf16 needs openvino).
+    encoder_runtime: str = "onnxruntime"  # onnxruntime | openvino
+    encoder_precision: str = "fp32"  # fp32 | bf16
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_text_bytes < 1:
             raise SpecError(f"TextServing: max_batch_size and max_text_bytes must be positive, got {self}")
+        if self.encoder_runtime not in ENCODER_RUNTIMES:
+            raise SpecError(f"TextServing: encoder_runtime must be one of {', '.join(ENCODER_RUNTIMES)}, "
+                            f"got {self.encoder_runtime!r}")
+        if self.encoder_precision != "fp32" and self.encoder_runtime != "openvino":
+            raise SpecError(f"TextServing: encoder_precision {self.encoder_precision} needs encoder_runtime=openvino")
 
     def with_overrides(self, overrides) -> TextServing:
         """`(("dynamic_batching", "false"), ("encoder_instances", "2"))` (strings, as from the command line)."""
@@ -182,3 +191,22 @@ def fused_encoder_onnx(source: SentenceTransformerSource, onnx: Path, cache: Pat
 
     settings = {"fusion": "bert", "opt_level": 0, "onnxruntime": onnxruntime.__version__}
     return cached_dir(cache, "text-encoder-fused", onnx, settings, produce) / "model.onnx"
+
+
+def openvino_encoder_onnx(source: SentenceTransformerSource, onnx: Path, precision: str, cache: Path) -> Path:
+    """The plain ONNX export (OpenVINO reads standard ops only), once its embeddings at `precision` are checked
+    against PyTorch on this CPU (cosine ≥ 0.9999; the check is cached per OpenVINO version)."""
+    import openvino
+
+    from build.export_text_encoder import check_openvino
+    from tritonpack.cache import cached_dir
+
+    inputs = [t.name for t in source.encoder_inputs()]
+
+    def produce(out: Path) -> None:
+        cosine = check_openvino(source.path, onnx, inputs, source.max_seq_length, precision)
+        (out / "check.json").write_text(json.dumps({"precision": precision, "min_cosine": cosine}))
+
+    settings = {"precision": precision, "openvino": openvino.__version__}
+    cached_dir(cache, "text-encoder-openvino-check", onnx, settings, produce)
+    return onnx

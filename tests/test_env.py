@@ -19,6 +19,7 @@ from tritonpack.env import (
     container_python,
     containers_for,
     environment_for,
+    extra_strip,
     known_envs,
     pack_env,
     pack_prefix,
@@ -46,6 +47,7 @@ def test_environment_for_picks_smallest_env_when_model_imports_beyond_numpy(tmp_
     assert environment_for(python_model(python_spec("tok"), "tokenizer")) == ("text", set())
     assert environment_for(python_model(python_spec("pool"), "mean_pooling")) == (None, set())
     assert environment_for(runner("onnx", tmp_path)) == ("onnx", set())
+    assert environment_for(runner("openvino", tmp_path)) == ("openvino", set())
     assert environment_for(runner("torchscript", tmp_path)) == (None, {"torch"})
 
 
@@ -65,7 +67,7 @@ def test_container_python_follows_release_notes_when_looking_up_a_release():
 
 
 def test_env_specs_pin_every_package_when_loaded():
-    assert {"text", "onnx", "dali"} <= set(known_envs())
+    assert {"text", "onnx", "openvino", "dali"} <= set(known_envs())
     text = EnvSpec.load("text")
     assert text.packages == ("numpy==1.26.4", "tokenizers==0.23.3")
     assert text.python == "3.10"  # Triton 24.10 (the bundled server's release) runs Python 3.10
@@ -147,3 +149,22 @@ def test_server_uses_packed_env_when_model_imports_module_only_the_env_has(probe
         with urllib.request.urlopen(request, timeout=60) as response:
             answer = json.loads(response.read())
     assert answer["outputs"][0]["data"] == [7.0, 14.0, 21.0]  # FACTOR came from the packed env
+
+
+@pytest.mark.parametrize(("path", "stripped"), [
+    ("openvino/libs/libopenvino_intel_gpu_plugin.so", True),
+    ("openvino/libs/libopenvino_intel_npu_plugin.so", True),
+    ("openvino/libs/cache.json", True),
+    ("openvino/libs/libopenvino_pytorch_frontend.so.2641", True),
+    ("openvino/libs/libopenvino_tensorflow_lite_frontend.so.2641", True),
+    ("openvino/tools/ovc/main.py", True),
+    ("openvino/frontend/pytorch/fx_decoder.py", True),
+    ("openvino/libs/libopenvino_intel_cpu_plugin.so", False),
+    ("openvino/libs/libopenvino_onnx_frontend.so.2641", False),
+    ("openvino/libs/libopenvino_ir_frontend.so.2641", False),
+    ("openvino/libs/libopenvino.so.2641", False),
+    ("openvino/libs/libtbb.so.12", False),
+    ("openvino/frontend/onnx/__init__.py", False),
+])
+def test_openvino_env_strip_keeps_cpu_plugin_and_onnx_reader_when_packing(path, stripped):
+    assert bool(extra_strip("openvino", "3.11").search(path)) is stripped

@@ -74,7 +74,7 @@ def test_env_build_gives_env_only_to_models_needing_more_than_numpy_when_env_is_
     repo = env_builds[0].repository
     manifest = json.loads((repo / "manifest.json").read_text())
     assert {m: e["env"] for m, e in manifest["environments"].items()} == {"bert_tokenizer": "text",
-                                                                         "bert_encoder": "onnx"}
+                                                                         "bert_encoder": "openvino"}
     tokenizer = (repo / "bert_tokenizer" / "config.pbtxt").read_text()
     assert 'string_value: "$$TRITON_MODEL_DIRECTORY/text-py3.11.tar.gz"' in tokenizer
     assert (repo / "bert_tokenizer" / "text-py3.11.tar.gz").stat().st_size < 50_000_000
@@ -86,7 +86,7 @@ def test_check_passes_when_env_tarball_targets_local_python(env_builds):
     assert report.ok and report.warnings == [], report.problems + report.warnings
     mismatch = check(env_builds[0].tarball, container="24.10")
     assert {p.file for p in mismatch.problems} == {"bert_tokenizer/text-py3.11.tar.gz",
-                                                   "bert_encoder/onnx-py3.11.tar.gz"}
+                                                   "bert_encoder/openvino-py3.11.tar.gz"}
 
 
 @pytest.mark.server

@@ -80,4 +80,5 @@ def test_bert_serves_any_local_sentence_transformers_model_when_model_dir_is_giv
     assert got.shape == (3, 32)
     cos = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
     assert cos.min() >= 0.9999
-    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-5)  # not normalised: magnitudes match too
+    # not normalised: magnitudes match too (to bf16's precision: the default portable encoder runs in bf16)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(expected, axis=1), rtol=1e-3)

@@ -6,7 +6,8 @@ processes falls on both alike, and the median of the per-repetition ratios is re
 the report is produced, never that a number is reached).
 
     P1  served `bert`, one sentence per request at concurrency 1/4/8/16 ÷ in-process sentence-transformers
-    P2  served `bert` ÷ bare ONNX Runtime in-process (same ONNX, same batches, + tokenization and pooling)
+    P2  served `bert` ÷ its bare encoder in-process (same ONNX, runtime and precision, same batches, +
+        tokenization and pooling)
     P3  dynamic batching on ÷ off, concurrency 8
     P4  MME cold start: tarball on disk → first response, through tritonserver's SageMaker front-end
     P5  served `resnet_pt` ÷ DALI + torch in-process; DALI CPU preprocessing ÷ PIL/numpy (when it exists)
@@ -153,7 +154,7 @@ def machine() -> dict:
 def versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
-    names = ["nvidia-pytriton", "tritonclient", "onnxruntime", "onnx", "torch", "sentence-transformers",
+    names = ["nvidia-pytriton", "tritonclient", "onnxruntime", "openvino", "onnx", "torch", "sentence-transformers",
              "transformers", "tokenizers", "numpy", "nvidia-dali-cuda120", "pillow", "matplotlib"]
     found = {}
     for name in names:
@@ -323,8 +324,9 @@ def replace_threads(side: SentenceTransformersSide, threads: int) -> SentenceTra
     return other
 
 
-class OnnxRuntimeSide:
-    """The served repository's own encoder ONNX, session options and pooling, called in-process."""
+class BareEncoderSide:
+    """The served repository's own encoder file, runtime (ONNX Runtime or OpenVINO), session options, precision
+    and pooling, called in-process."""
 
     def __init__(self, repository: Path, model: str):
         from tokenizers import Tokenizer
@@ -336,8 +338,9 @@ class OnnxRuntimeSide:
         params = {k: v.string_value for k, v in config.parameters.items()}
         tokenizer_cfg = parse_config((repository / f"{model}_tokenizer" / "config.pbtxt").read_text())
         tok_params = {k: v.string_value for k, v in tokenizer_cfg.parameters.items()}
-        session_module = _load_module(MODELS_DIR / "framework_runner" / "onnxruntime_session.py",
-                                      "tritonpack_bench_onnxruntime_session")
+        self.runtime = f"{params['framework']} {params.get('precision', 'fp32')}"
+        session_module = _load_module(MODELS_DIR / "framework_runner" / f"{params['framework']}_session.py",
+                                      f"tritonpack_bench_{params['framework']}_session")
         self.session = session_module.open_session(str(encoder_dir / "1" / params["artifact"]), params)
         self.pool = _load_module(MODELS_DIR / "mean_pooling" / "pooling.py", "tritonpack_bench_pooling").mean_pool
         self.tokenizer = Tokenizer.from_file(str(repository / f"{model}_tokenizer" / "1" / "tokenizer.json"))
@@ -532,7 +535,8 @@ class Bench:
             "configs": {p.parent.name: p.read_text() for p in sorted(served_repo.glob("*/config.pbtxt"))},
         }
         st = SentenceTransformersSide(source.path, s.st_batch_size)
-        ort_side = OnnxRuntimeSide(served_repo, "bert")
+        ort_side = BareEncoderSide(served_repo, "bert")
+        self.results["settings_served"]["bare_encoder"] = ort_side.runtime
         server = self.serve(served_repo)
         served = ServedSide(server, "bert", s.protocol)
         singles = [[t] for t in self.sentences]
@@ -543,7 +547,7 @@ class Bench:
             run, vectors = served.embed_all(singles, max(s.concurrencies))
             cos = cosine_min(np.concatenate(vectors), reference)
             cos_ort = cosine_min(ort_side.embed(self.sentences), reference)
-            self.log(f"  cosine served vs sentence-transformers: min {cos:.6f}; bare ORT: {cos_ort:.6f}")
+            self.log(f"  cosine served vs sentence-transformers: min {cos:.6f}; bare {ort_side.runtime}: {cos_ort:.6f}")
 
             self.log("P1 served bert (one sentence per request) ÷ in-process sentence-transformers")
             # torch's default (2 threads here) is the headline; one thread shows how much of the gap is torch's
@@ -582,7 +586,7 @@ class Bench:
                 "grpc_over_http": ratio_summary(grpc_runs, http_runs, None),
             }
 
-            self.log(f"P2 served bert ÷ bare ONNX Runtime in-process ({s.request_batch} sentences per request)")
+            self.log(f"P2 served bert ÷ bare {ort_side.runtime} in-process ({s.request_batch} sentences per request)")
             chunks = [self.sentences[i:i + s.request_batch] for i in range(0, len(self.sentences), s.request_batch)]
             p2 = {}
             for c in (1, 2):
@@ -593,7 +597,7 @@ class Bench:
                     "ratio": ratio_summary(runs[f"served c={c}"], runs["onnxruntime"],
                                            TARGETS["P2_batch32"] if c == 1 else None),
                 }
-            self.log("P2 single-sentence requests at c=4 ÷ bare ONNX Runtime one sentence per call")
+            self.log(f"P2 single-sentence requests at c=4 ÷ bare {ort_side.runtime} one sentence per call")
             runs = alternate({"onnxruntime": lambda: ort_side.run(singles),
                               "served c=4": lambda: served.run(singles, 4)}, s.repetitions, self.log)
             p2["single_c4"] = {"served": side_summary(runs["served c=4"]),
@@ -754,8 +758,9 @@ def summary_rows(report: dict) -> list[dict]:
         cos = p1["cosine_min_vs_sentence_transformers"]
         rows.append({"key": "P1_cosine", "what": "min cosine served vs sentence-transformers", "value": cos,
                      "unit": "", "target": 0.9999, "met": cos >= 0.9999})
+    bare = report.get("settings_served", {}).get("bare_encoder", "onnxruntime fp32")
     for key, entry in report.get("P2", {}).items():
-        ratio(f"P2_{key}", f"served bert ÷ bare ONNX Runtime, {key.replace('_', ' ')}", entry["ratio"])
+        ratio(f"P2_{key}", f"served bert ÷ bare encoder in-process ({bare}), {key.replace('_', ' ')}", entry["ratio"])
     if "P3" in report:
         ratio("P3_c8", "dynamic batching on ÷ off, c=8", report["P3"]["ratio"])
     p4 = report.get("P4", {})

@@ -46,22 +46,44 @@ def python_model(spec: ModelSpec, source: str, extra_files: Mapping[str, Path] |
 
 @dataclass(frozen=True)
 class Artifact:
-    """A compiled model file and the framework that runs it."""
+    """A compiled model file and the framework that runs it.
 
-    framework: str  # onnx | torchscript | graphdef | tensorrt_plan
+    `openvino` is an ONNX file run by OpenVINO instead of ONNX Runtime; `precision` bf16 lets OpenVINO run
+    matrix products in bfloat16 (on CPUs with native bf16, fp32 elsewhere)."""
+
+    framework: str  # onnx | openvino | torchscript | graphdef | tensorrt_plan
     path: Path
+    precision: str = "fp32"
 
-    NATIVE = {  # framework → (platform, file name Triton looks for)
-        "onnx": ("onnxruntime_onnx", "model.onnx"),
-        "torchscript": ("pytorch_libtorch", "model.pt"),
-        "graphdef": ("tensorflow_graphdef", "model.graphdef"),
-        "tensorrt_plan": ("tensorrt_plan", "model.plan"),
+    NATIVE = {  # framework → (config fields naming the native backend, file name Triton looks for)
+        "onnx": ({"platform": "onnxruntime_onnx"}, "model.onnx"),
+        "openvino": ({"backend": "openvino", "default_model_filename": "model.onnx"}, "model.onnx"),
+        "torchscript": ({"platform": "pytorch_libtorch"}, "model.pt"),
+        "graphdef": ({"platform": "tensorflow_graphdef"}, "model.graphdef"),
+        "tensorrt_plan": ({"platform": "tensorrt_plan"}, "model.plan"),
     }
-    RUNNER = {"onnx": "onnxruntime", "torchscript": "torchscript", "graphdef": "tensorflow_graphdef"}
+    RUNNER = {"onnx": "onnxruntime", "openvino": "openvino", "torchscript": "torchscript",
+              "graphdef": "tensorflow_graphdef"}
+    PRECISIONS = {"onnx": ("fp32",), "openvino": ("fp32", "bf16"), "torchscript": ("fp32",),
+                  "graphdef": ("fp32",), "tensorrt_plan": ("fp32",)}
 
     def __post_init__(self) -> None:
         if self.framework not in self.NATIVE:
             raise SpecError(f"unknown artifact framework {self.framework!r}")
+        if self.precision not in self.PRECISIONS[self.framework]:
+            raise SpecError(f"{self.framework} runs precision {' or '.join(self.PRECISIONS[self.framework])}, "
+                            f"not {self.precision!r}")
+
+    def native_parameters(self, threads: int) -> dict[str, str]:
+        """Triton's openvino backend settings (its README, "Parameters"); other backends take none here."""
+        if self.framework != "openvino":
+            return {}
+        params = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"}
+        if threads:
+            params["INFERENCE_NUM_THREADS"] = str(threads)
+        if self.precision == "bf16":
+            params["HINT_BF16"] = "YES"
+        return params
 
 
 def framework_model(
@@ -79,7 +101,7 @@ def framework_model(
     **native_options,
 ) -> ModelFolder:
     """The artifact on the native backend (gpu/cpu) or through the python framework_runner (portable)."""
-    platform, filename = Artifact.NATIVE[artifact.framework]
+    backend_fields, filename = Artifact.NATIVE[artifact.framework]
     if artifact.framework == "torchscript":  # libtorch names outputs by position: <name>__<index>
         outputs = tuple(replace(t, name=f"{t.name}__{i}") for i, t in enumerate(outputs))
     extra = {"labels.txt": labels} if labels else {}
@@ -88,6 +110,8 @@ def framework_model(
             raise SpecError(f"{artifact.framework} has no portable runner; build {name} from its ONNX instead")
         params = {"framework": Artifact.RUNNER[artifact.framework], "artifact": filename,
                   "threads": str(threads)}
+        if artifact.precision != "fp32":
+            params["precision"] = artifact.precision
         if artifact.framework in ("torchscript", "graphdef"):  # the session needs the tensor names, in order
             params["input_order"] = ",".join(t.name for t in inputs)
             params["output_order"] = ",".join(t.name for t in outputs)
@@ -97,11 +121,15 @@ def framework_model(
                          outputs=outputs, instance_group=(InstanceGroup("KIND_CPU", instances),),
                          dynamic_batching=dynamic_batching, parameters=params, labelled_output=labelled_output)
         return python_model(spec, "framework_runner", {f"{VERSION}/{filename}": artifact.path, **extra})
+    if artifact.framework == "openvino" and target == "gpu":
+        raise SpecError(f"model {name}: OpenVINO runs on the CPU; the gpu target takes onnx or tensorrt_plan")
     if artifact.framework == "tensorrt_plan" and target != "gpu":
         raise SpecError(f"model {name}: a TensorRT plan runs only on the gpu target")
-    spec = ModelSpec(name=name, platform=platform, max_batch_size=max_batch_size, inputs=inputs, outputs=outputs,
+    parameters = artifact.native_parameters(threads)
+    spec = ModelSpec(name=name, max_batch_size=max_batch_size, inputs=inputs, outputs=outputs,
                      instance_group=(InstanceGroup(instance_kind(target), instances),),
-                     dynamic_batching=dynamic_batching, labelled_output=labelled_output, **native_options)
+                     dynamic_batching=dynamic_batching, labelled_output=labelled_output,
+                     **({"parameters": parameters} if parameters else {}), **backend_fields, **native_options)
     return ModelFolder(spec, {f"{VERSION}/{filename}": artifact.path, **extra})
 
 

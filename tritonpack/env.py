@@ -50,11 +50,12 @@ CONTAINER_PYTHON: tuple[tuple[str, str, str], ...] = (
 PROVIDES: dict[str, frozenset[str]] = {
     "text": frozenset({"tokenizers"}),
     "onnx": frozenset({"onnxruntime"}),
+    "openvino": frozenset({"openvino"}),
     "dali": frozenset({"nvidia"}),
 }
 # framework_runner's `framework` parameter → the module its session imports lazily.
-FRAMEWORK_MODULES = {"onnxruntime": "onnxruntime", "torchscript": "torch", "tensorflow_graphdef": "tensorflow",
-                     "dali": "nvidia"}
+FRAMEWORK_MODULES = {"onnxruntime": "onnxruntime", "openvino": "openvino", "torchscript": "torch",
+                     "tensorflow_graphdef": "tensorflow", "dali": "nvidia"}
 STUB_MODULES = frozenset({"triton_python_backend_utils", "numpy"})
 # Paths inside site-packages that no served model imports: tests, build tooling, headers and type stubs.
 STRIP = re.compile(r"(^|/)(tests?|__pycache__|include)(/|$)|\.(pyc|pyi|pxd|h|c)$"
@@ -68,7 +69,14 @@ def extra_strip(name: str, python: str) -> re.Pattern | None:
     dali: nvidia-dali and nvimgcodec ship their Python extension modules for every CPython (3.9…3.15t); only the
     env's own is ever loaded. The portable runner decodes on the CPU (`device_id=None`), so nvimgcodec's GPU
     codec extensions (nvJPEG, nvJPEG2000, nvTIFF; their CUDA libraries are not in the env) are dropped too.
+
+    openvino: the runner reads ONNX and runs on the CPU plugin; the GPU and NPU plugins (and the GPU kernel
+    cache), the other frontends and the conversion tools are never loaded.
     """
+    if name == "openvino":
+        return re.compile(r"^openvino/libs/(libopenvino_intel_(gpu|npu)_plugin\.so|cache\.json"
+                          r"|libopenvino_(tensorflow|tensorflow_lite|paddle|pytorch|jax|gguf)_frontend\.so[.\d]*)$"
+                          r"|^openvino/(tools|frontend/(tensorflow|paddle|pytorch|jax))(/|$)")
     if name != "dali":
         return None
     abi = python.replace(".", "")
@@ -441,7 +449,8 @@ def manifest_fields(folders: Iterable[ModelFolder], plan: EnvPlan | None) -> dic
 
 def add_command(subparsers) -> None:
     e = subparsers.add_parser("env", help="pack the python models' environments into dist/envs/")
-    e.add_argument("names", nargs="*", help=f"environments (default: text onnx); known: {', '.join(known_envs())}")
+    e.add_argument("names", nargs="*",
+                   help=f"environments (default: text openvino onnx); known: {', '.join(known_envs())}")
     e.add_argument("--python", help=f"the target container's Python minor version (default {LOCAL_PYTHON}, the "
                                     f"local stub's); see `--container`")
     e.add_argument("--container", help="Triton container release, e.g. 24.10 (sets --python from the table)")
@@ -455,7 +464,7 @@ def cmd_env(args) -> int:
     try:
         python = args.python or (container_python(args.container) if args.container else None)
         packed = [pack_env(name, Path(args.out), python=python, method=args.method, force=args.force)
-                  for name in args.names or ["text", "onnx"]]
+                  for name in args.names or ["text", "openvino", "onnx"]]
     except EnvError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

