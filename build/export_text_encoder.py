@@ -43,6 +43,55 @@ def _load(model_dir: Path):
     return TokenEmbeddings(model).eval()
 
 
+def _load_packed(model_dir: Path):
+    """The encoder taking several sentences as one sequence (models/framework_runner/packing.py): attention stays
+    inside a sentence (block-diagonal additive mask from `segment_ids`) and `position_ids` restart for each one, so
+    every sentence gets exactly its unpacked embeddings."""
+    import torch
+
+    encoder = _load(model_dir).encoder
+
+    class PackedTokenEmbeddings(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_ids, position_ids, segment_ids, token_type_ids=None):
+            same = segment_ids[:, :, None] == segment_ids[:, None, :]
+            bias = torch.zeros(same.shape, dtype=torch.float32).masked_fill(~same, torch.finfo(torch.float32).min)
+            kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
+            return self.encoder(input_ids=input_ids, attention_mask=bias[:, None], position_ids=position_ids,
+                                **kwargs).last_hidden_state
+
+    return PackedTokenEmbeddings().eval()
+
+
+def _packing():
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "models" / "framework_runner" / "packing.py"
+    spec = importlib.util.spec_from_file_location("tritonpack_build_packing", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def pack(inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[int]]:
+    """Right-padded rows (input_ids, attention_mask[, token_type_ids]) → one packed row, and each row's length."""
+    lengths = [max(int(m.sum()), 1) for m in inputs["attention_mask"]]
+    rows = [{n: inputs[n][r, :length] for n in ("input_ids", "token_type_ids") if n in inputs}
+            for r, length in enumerate(lengths)]
+    return _packing().packed_inputs(rows), lengths
+
+
+def unpack(packed_output: np.ndarray, lengths: list[int], width: int) -> np.ndarray:
+    """[1, tokens, hidden] → [rows, width, hidden], each row's tokens first and zeros after."""
+    out = np.zeros((len(lengths), width) + packed_output.shape[2:], dtype=packed_output.dtype)
+    for r, row in enumerate(_packing().unpacked(packed_output, lengths)):
+        out[r, :len(row)] = row
+    return out
+
+
 def _check_inputs(model_dir: Path, input_names: list[str], max_length: int) -> dict[str, np.ndarray]:
     from tokenizers import Tokenizer
 
@@ -131,11 +180,39 @@ def fuse(model_dir: Path, onnx_path: Path, out_path: Path, input_names: list[str
     return diff
 
 
+def export_packed(model_dir: Path, out_path: Path, input_names: list[str], max_length: int,
+                  opset: int = 17) -> float:
+    """Write the packed encoder (`_load_packed`) to `out_path`; returns its max abs diff on real tokens from the plain
+    PyTorch forward of each sentence alone, and raises above MAX_ABS_DIFF."""
+    import onnxruntime as ort
+    import torch
+
+    inputs = _check_inputs(model_dir, input_names, max_length)
+    with torch.inference_mode():
+        expected = _load(model_dir)(*(torch.from_numpy(inputs[n]) for n in input_names)).numpy()
+    packed, lengths = pack(inputs)
+    names = ["input_ids", "position_ids", "segment_ids"] + (["token_type_ids"] if "token_type_ids" in packed else [])
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_load_packed(model_dir), tuple(torch.from_numpy(packed[n]) for n in names), str(out_path),
+                          input_names=names, output_names=["token_embeddings"],
+                          dynamic_axes={n: {1: "tokens"} for n in names + ["token_embeddings"]},
+                          opset_version=opset, dynamo=False)
+    session = ort.InferenceSession(str(out_path), providers=["CPUExecutionProvider"])
+    got = unpack(session.run(None, packed)[0], lengths, expected.shape[1])
+    diff = max_diff_on_real_tokens(expected, got, inputs["attention_mask"])
+    if not diff <= MAX_ABS_DIFF:
+        raise RuntimeError(f"packed ONNX of {model_dir} differs from PyTorch by {diff:.2e} > {MAX_ABS_DIFF}")
+    print(f"packed {Path(model_dir).name}: max abs diff {diff:.1e}")
+    return diff
+
+
 def check_openvino(model_dir: Path, onnx_path: Path, input_names: list[str], max_length: int,
-                   precision: str) -> float:
-    """Run `onnx_path` with OpenVINO at `precision` (fp32 | bf16) on this CPU; returns the smallest cosine between
-    its mean-pooled embeddings and PyTorch's, and raises below MIN_EMBEDDING_COSINE. Where the CPU has no native
-    bf16, OpenVINO runs fp32 and the check shows that."""
+                   precision: str, packed: bool = False) -> float:
+    """Run `onnx_path` (the plain or, with `packed`, the packed export) with OpenVINO at `precision` (fp32 | bf16)
+    on this CPU; returns the smallest cosine between its mean-pooled embeddings and PyTorch's, and raises below
+    MIN_EMBEDDING_COSINE. Where the CPU has no native bf16, OpenVINO runs fp32 and the check shows that."""
     import openvino as ov
     import torch
 
@@ -145,7 +222,11 @@ def check_openvino(model_dir: Path, onnx_path: Path, input_names: list[str], max
     core = ov.Core()
     hint = {"fp32": "f32", "bf16": "bf16"}[precision]
     compiled = core.compile_model(core.read_model(str(onnx_path)), "CPU", {"INFERENCE_PRECISION_HINT": hint})
-    actual = compiled({n: inputs[n] for n in input_names})[0]
+    if packed:
+        feeds, lengths = pack(inputs)
+        actual = unpack(compiled(feeds)[0], lengths, expected.shape[1])
+    else:
+        actual = compiled({n: inputs[n] for n in input_names})[0]
     mask = inputs["attention_mask"][:, :, None].astype(np.float32)
     pooled = [(x * mask).sum(1) / mask.sum(1) for x in (expected, actual)]
     cosine = float(((pooled[0] * pooled[1]).sum(1) / np.linalg.norm(pooled[0], axis=1)

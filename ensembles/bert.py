@@ -9,6 +9,7 @@ from ensembles.text import (
     encoder_artifacts,
     fused_encoder_onnx,
     openvino_encoder_onnx,
+    packed_encoder_onnx,
     text_ensemble,
 )
 from tritonpack.components import Artifact, ModelFolder, framework_model
@@ -17,13 +18,12 @@ from tritonpack.spec import SpecError
 NAME = "bert"
 TARGETS = ("gpu", "cpu", "portable")
 SERVING = {
-    # 2 CPU cores: two single-threaded encoder instances beat one instance using both cores (2.2× measured at
-    # c=8 with other processes on the CPU: no intra-op barrier waits on a descheduled thread, no spinning).
-    # OpenVINO in bf16 on CPUs that have it (AVX512_BF16, AMX): matrix products in bfloat16, 1.4× ONNX Runtime
-    # fp32 per CPU-second, embeddings within cosine 0.9999 of PyTorch (checked at build). A 500 µs queue delay
-    # keeps both instances busy at c=8 (1.2× over 2000 µs). See docs/performance.md.
+    # portable, measured on 2 CPU cores (docs/performance.md): two single-threaded encoder instances (no intra-op
+    # barrier waits on a descheduled thread); OpenVINO in bf16 on CPUs that have it (AVX512_BF16, AMX), embeddings
+    # within cosine 0.9999 of PyTorch (checked at build); sentences packed into sequences of ≤ 256 real tokens
+    # instead of padded batches; 500 µs queue delay so both instances stay busy at c=8.
     "portable": TextServing(max_batch_size=64, encoder_instances=2, encoder_threads=1, max_queue_delay_microseconds=500,
-                            encoder_runtime="openvino", encoder_precision="bf16"),
+                            encoder_runtime="openvino", encoder_precision="bf16", encoder_pack_tokens=256),
     "cpu": TextServing(max_batch_size=64),
     "gpu": TextServing(max_batch_size=64, tokenizer_instances=2),
 }
@@ -37,15 +37,23 @@ def models(request, cache) -> list[ModelFolder]:
         if serving.encoder_runtime != "onnxruntime":
             raise SpecError("bert: the gpu target runs its encoder with TensorRT; encoder_runtime is for cpu/portable")
         artifact = Artifact("tensorrt_plan", text_encoder_plan(onnx, source, serving, request.fp16, cache))
-    elif serving.encoder_runtime == "openvino":
-        precision = serving.encoder_precision
-        artifact = Artifact("openvino", openvino_encoder_onnx(source, onnx, precision, cache), precision)
-    else:  # ONNX Runtime runs the fused graph: 1.15× served throughput measured (docs/performance.md)
-        artifact = Artifact("onnx", fused_encoder_onnx(source, onnx, cache))
+    else:
+        packed = serving.encoder_pack_tokens > 0
+        if packed:
+            onnx = packed_encoder_onnx(source, cache)
+        if serving.encoder_runtime == "openvino":
+            precision = serving.encoder_precision
+            artifact = Artifact("openvino", openvino_encoder_onnx(source, onnx, precision, packed, cache), precision,
+                                packed=packed)
+        elif packed:
+            artifact = Artifact("onnx", onnx, packed=True)
+        else:  # ONNX Runtime runs the fused graph: 1.15× served throughput measured (docs/performance.md)
+            artifact = Artifact("onnx", fused_encoder_onnx(source, onnx, cache))
     encoder = framework_model(
         f"{NAME}_encoder", artifact, request.target, source.encoder_inputs(), source.encoder_outputs(),
         max_batch_size=serving.max_batch_size, dynamic_batching=serving.batching(),
         instances=serving.encoder_instances, threads=serving.encoder_threads,
+        max_pack_tokens=serving.encoder_pack_tokens,
     )
     return text_ensemble(NAME, source, encoder, serving)
 

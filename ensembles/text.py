@@ -100,6 +100,9 @@ class TextServing:
     # Which library runs the ONNX encoder on cpu/portable, and in which precision (bf16 needs openvino).
     encoder_runtime: str = "onnxruntime"  # onnxruntime | openvino
     encoder_precision: str = "fp32"  # fp32 | bf16
+    # > 0: run an ONNX encoder packed (portable only): up to this many real tokens of several sentences as one
+    # sequence, no padding (models/framework_runner/packing.py); 0: batches padded per length group.
+    encoder_pack_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_text_bytes < 1:
@@ -107,6 +110,8 @@ class TextServing:
         if self.encoder_runtime not in ENCODER_RUNTIMES:
             raise SpecError(f"TextServing: encoder_runtime must be one of {', '.join(ENCODER_RUNTIMES)}, "
                             f"got {self.encoder_runtime!r}")
+        if self.encoder_pack_tokens < 0:
+            raise SpecError(f"TextServing: encoder_pack_tokens must be 0 (no packing) or positive, got {self}")
         if self.encoder_precision != "fp32" and self.encoder_runtime != "openvino":
             raise SpecError(f"TextServing: encoder_precision {self.encoder_precision} needs encoder_runtime=openvino")
 
@@ -193,9 +198,25 @@ def fused_encoder_onnx(source: SentenceTransformerSource, onnx: Path, cache: Pat
     return cached_dir(cache, "text-encoder-fused", onnx, settings, produce) / "model.onnx"
 
 
-def openvino_encoder_onnx(source: SentenceTransformerSource, onnx: Path, precision: str, cache: Path) -> Path:
-    """The plain ONNX export (OpenVINO reads standard ops only), once its embeddings at `precision` are checked
-    against PyTorch on this CPU (cosine ≥ 0.9999; the check is cached per OpenVINO version)."""
+def packed_encoder_onnx(source: SentenceTransformerSource, cache: Path) -> Path:
+    """The encoder exported to take several sentences as one sequence, checked against PyTorch sentence by
+    sentence (max abs diff ≤ 1e-4), cached like `encoder_artifacts`."""
+    from build.export_text_encoder import export_packed
+    from tritonpack.cache import cached_dir
+
+    inputs = [t.name for t in source.encoder_inputs()]
+
+    def produce(out: Path) -> None:
+        export_packed(source.path, out / "model.onnx", inputs, source.max_seq_length)
+
+    out = cached_dir(cache, "text-encoder-packed", source.path, {"inputs": inputs, "opset": 17}, produce)
+    return out / "model.onnx"
+
+
+def openvino_encoder_onnx(source: SentenceTransformerSource, onnx: Path, precision: str, packed: bool,
+                          cache: Path) -> Path:
+    """A plain or packed ONNX export (OpenVINO reads standard ops only), once its embeddings at `precision` are
+    checked against PyTorch on this CPU (cosine ≥ 0.9999; the check is cached per OpenVINO version)."""
     import openvino
 
     from build.export_text_encoder import check_openvino
@@ -204,9 +225,9 @@ def openvino_encoder_onnx(source: SentenceTransformerSource, onnx: Path, precisi
     inputs = [t.name for t in source.encoder_inputs()]
 
     def produce(out: Path) -> None:
-        cosine = check_openvino(source.path, onnx, inputs, source.max_seq_length, precision)
+        cosine = check_openvino(source.path, onnx, inputs, source.max_seq_length, precision, packed)
         (out / "check.json").write_text(json.dumps({"precision": precision, "min_cosine": cosine}))
 
-    settings = {"precision": precision, "openvino": openvino.__version__}
+    settings = {"precision": precision, "packed": packed, "openvino": openvino.__version__}
     cached_dir(cache, "text-encoder-openvino-check", onnx, settings, produce)
     return onnx

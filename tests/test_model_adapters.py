@@ -51,6 +51,24 @@ def test_encoder_runner_equals_separate_runs_when_requests_have_different_length
         np.testing.assert_allclose(t, a, atol=1e-4)
 
 
+def test_packed_encoder_fails_only_the_request_whose_mask_is_not_right_padded(repository):
+    encoder = _model(repository, "bert_encoder")
+    assert "max_pack_tokens" in (repository / "bert_encoder" / "config.pbtxt").read_text()
+
+    def request(ids, mask):
+        ids = np.array([ids], dtype=np.int64)
+        return InferenceRequest([Tensor("input_ids", ids), Tensor("attention_mask", np.array([mask], dtype=np.int64)),
+                                 Tensor("token_type_ids", np.zeros_like(ids))])
+
+    responses = encoder.execute([request([101, 7592, 102], [1, 1, 1]), request([0, 101, 102], [0, 1, 1]),
+                                 request([101, 102, 0], [1, 1, 0])])
+    assert [r.has_error() for r in responses] == [False, True, False]
+    assert responses[1].error().code() == TritonError.INVALID_ARG
+    assert "right padding" in responses[1].error().message()
+    assert responses[2].output_tensors()[0].as_numpy().shape == (1, 3, 384)
+    assert not responses[2].output_tensors()[0].as_numpy()[0, 2].any()  # the padded position stays zero
+
+
 def test_pooling_model_splits_results_per_request_when_batched(repository):
     model = _model(repository, "bert_pooling")
     rng = np.random.default_rng(0)

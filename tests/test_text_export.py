@@ -82,3 +82,28 @@ def test_bert_serves_any_local_sentence_transformers_model_when_model_dir_is_giv
     assert cos.min() >= 0.9999
     # not normalised: magnitudes match too (to bf16's precision: the default portable encoder runs in bf16)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(expected, axis=1), rtol=1e-3)
+
+
+def test_packed_export_gives_each_sentence_its_unpacked_embeddings_when_sentences_share_a_sequence(test_dist):
+    import onnxruntime as ort
+
+    from build.export_text_encoder import pack, unpack
+    from ensembles.text import packed_encoder_onnx
+
+    source = SentenceTransformerSource.resolve(None)
+    packed_path = packed_encoder_onnx(source, test_dist / "cache")
+    plain = ort.InferenceSession(str(encoder_artifacts(source, test_dist / "cache")["onnx"]))
+    packed = ort.InferenceSession(str(packed_path))
+    assert [i.name for i in packed.get_inputs()] == ["input_ids", "position_ids", "segment_ids", "token_type_ids"]
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(source.path / "tokenizer.json"))
+    tokenizer.enable_padding(pad_id=0)
+    encodings = tokenizer.encode_batch(["first sentence", "a second, longer sentence in the same pack", ""])
+    inputs = {"input_ids": np.array([e.ids for e in encodings]), "attention_mask": np.array(
+        [e.attention_mask for e in encodings]), "token_type_ids": np.array([e.type_ids for e in encodings])}
+    alone = plain.run(None, inputs)[0]
+    feeds, lengths = pack(inputs)
+    assert feeds["input_ids"].shape == (1, sum(lengths))  # no padding inside the pack
+    together = unpack(packed.run(None, feeds)[0], lengths, alone.shape[1])
+    assert max_diff_on_real_tokens(alone, together, inputs["attention_mask"]) <= 1e-4

@@ -325,10 +325,12 @@ def replace_threads(side: SentenceTransformersSide, threads: int) -> SentenceTra
 
 
 class BareEncoderSide:
-    """The served repository's own encoder file, runtime (ONNX Runtime or OpenVINO), session options, precision
-    and pooling, called in-process."""
+    """The served encoder without Triton: the repository's own encoder file, runtime, precision and session
+    options, run through the same runner code (packing or length grouping) in-process, plus tokenization and
+    pooling. The ratio served ÷ this is what serving costs."""
 
     def __init__(self, repository: Path, model: str):
+        from google.protobuf.json_format import MessageToDict
         from tokenizers import Tokenizer
 
         from tritonpack.spec import parse_config
@@ -338,25 +340,38 @@ class BareEncoderSide:
         params = {k: v.string_value for k, v in config.parameters.items()}
         tokenizer_cfg = parse_config((repository / f"{model}_tokenizer" / "config.pbtxt").read_text())
         tok_params = {k: v.string_value for k, v in tokenizer_cfg.parameters.items()}
-        self.runtime = f"{params['framework']} {params.get('precision', 'fp32')}"
-        session_module = _load_module(MODELS_DIR / "framework_runner" / f"{params['framework']}_session.py",
-                                      f"tritonpack_bench_{params['framework']}_session")
-        self.session = session_module.open_session(str(encoder_dir / "1" / params["artifact"]), params)
+        self.runtime = f"{params['framework']} {params.get('precision', 'fp32')}" + \
+            (f", packed ≤ {params['max_pack_tokens']} tokens" if "max_pack_tokens" in params else "")
+        runner_dir = MODELS_DIR / "framework_runner"
+        sys.path[:0] = [str(runner_dir), str(MODELS_DIR / "shared")]  # the runner imports its siblings
+        try:
+            runner = _load_module(runner_dir / "runner_batching.py", "tritonpack_bench_runner_batching")
+            session = _load_module(runner_dir / f"{params['framework']}_session.py",
+                                   f"tritonpack_bench_{params['framework']}_session")
+        finally:
+            del sys.path[:2]
+
+        class InProcessRunner(runner.FrameworkRunnerModel):
+            def open_session(self, path, params):
+                return session.open_session(path, params)
+
+        self.runner = InProcessRunner()
+        self.runner.initialize({"model_config": json.dumps(MessageToDict(config, preserving_proto_field_name=True)),
+                                "model_repository": str(encoder_dir), "model_version": "1"})
         self.pool = _load_module(MODELS_DIR / "mean_pooling" / "pooling.py", "tritonpack_bench_pooling").mean_pool
         self.tokenizer = Tokenizer.from_file(str(repository / f"{model}_tokenizer" / "1" / "tokenizer.json"))
         pad_id = self.tokenizer.token_to_id(tok_params["pad_token"])
         self.tokenizer.enable_truncation(int(tok_params["max_sequence_length"]))
         self.tokenizer.enable_padding(pad_id=pad_id, pad_token=tok_params["pad_token"])
-        self.input_names = [t.name for t in config.input]
 
     def embed(self, sentences: list[str]) -> np.ndarray:
         encodings = self.tokenizer.encode_batch(sentences)
-        ids = np.array([e.ids for e in encodings], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-        feeds = {"input_ids": ids, "attention_mask": mask,
-                 "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
-        tokens = self.session({n: feeds[n] for n in self.input_names})["token_embeddings"]
-        return self.pool(tokens, mask, True)
+        item = {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+                "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+                "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
+        item = {n: item[n] for n in self.runner.input_names}
+        tokens = self.runner._run([item])[0]["token_embeddings"]
+        return self.pool(tokens, item["attention_mask"], True)
 
     def run(self, batches: list[list[str]]) -> Run:
         latencies = []

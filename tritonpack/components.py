@@ -49,11 +49,13 @@ class Artifact:
     """A compiled model file and the framework that runs it.
 
     `openvino` is an ONNX file run by OpenVINO instead of ONNX Runtime; `precision` bf16 lets OpenVINO run
-    matrix products in bfloat16 (on CPUs with native bf16, fp32 elsewhere)."""
+    matrix products in bfloat16 (on CPUs with native bf16, fp32 elsewhere). `packed`: the file takes several
+    sentences as one sequence (models/framework_runner/packing.py), which only the portable runner feeds."""
 
     framework: str  # onnx | openvino | torchscript | graphdef | tensorrt_plan
     path: Path
     precision: str = "fp32"
+    packed: bool = False
 
     NATIVE = {  # framework → (config fields naming the native backend, file name Triton looks for)
         "onnx": ({"platform": "onnxruntime_onnx"}, "model.onnx"),
@@ -98,9 +100,15 @@ def framework_model(
     threads: int = 0,
     labels: Path | None = None,
     labelled_output: str = "",
+    max_pack_tokens: int = 0,
     **native_options,
 ) -> ModelFolder:
-    """The artifact on the native backend (gpu/cpu) or through the python framework_runner (portable)."""
+    """The artifact on the native backend (gpu/cpu) or through the python framework_runner (portable).
+    `max_pack_tokens`: for a packed artifact, how many real tokens the runner puts into one sequence."""
+    if artifact.packed != (max_pack_tokens > 0):
+        raise SpecError(f"model {name}: a packed artifact needs max_pack_tokens > 0, and only a packed one takes it")
+    if artifact.packed and target != "portable":
+        raise SpecError(f"model {name}: only the portable runner feeds a packed encoder; build {target} unpacked")
     backend_fields, filename = Artifact.NATIVE[artifact.framework]
     if artifact.framework == "torchscript":  # libtorch names outputs by position: <name>__<index>
         outputs = tuple(replace(t, name=f"{t.name}__{i}") for i, t in enumerate(outputs))
@@ -112,6 +120,8 @@ def framework_model(
                   "threads": str(threads)}
         if artifact.precision != "fp32":
             params["precision"] = artifact.precision
+        if artifact.packed:
+            params["max_pack_tokens"] = str(max_pack_tokens)
         if artifact.framework in ("torchscript", "graphdef"):  # the session needs the tensor names, in order
             params["input_order"] = ",".join(t.name for t in inputs)
             params["output_order"] = ",".join(t.name for t in outputs)

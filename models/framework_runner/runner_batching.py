@@ -4,7 +4,8 @@ A runner model executes a real artifact with its Python library behind the exact
 backend would have. Inputs marked `allow_ragged_batch` carry a sequence axis that may differ between
 requests. Rows of similar real length (from `attention_mask`, else whole requests by their length) are grouped
 (`length_groups`), each group is padded to its own longest and run in one call, and outputs whose first dim is
--1 are given back in each request's own shape.
+-1 are given back in each request's own shape. With `max_pack_tokens` set (a packed text encoder, see
+packing.py) rows are not padded at all: up to that many real tokens run as one sequence.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import json
 import os
 
 import numpy as np
-from batched_requests import pad_and_concat, read_input, respond_all, split_rows
+from batched_requests import ClientError, pad_and_concat, read_input, respond_all, split_rows
+from packing import PACKED_FEATURES, pack_groups, packed_inputs, unpacked
 
 MASK = "attention_mask"  # when an input has this name, rows are grouped by its real length
 PAD_VALUES = {MASK: 0}
@@ -45,6 +47,7 @@ class FrameworkRunnerModel:
     """Subclasses set `pb_utils` and `open_session(path, params)` → callable(dict[name, array]) → dict."""
 
     pb_utils = None
+    max_pack_tokens = 0  # set from the config's parameters in initialize; 0: the artifact is not packed
 
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -54,6 +57,7 @@ class FrameworkRunnerModel:
         self.output_names = [o["name"] for o in config["output"]]
         self.max_padding_waste = float(params.get("max_padding_waste", MAX_PADDING_WASTE))
         self.trimmed_outputs = {o["name"] for o in config["output"] if self.ragged and int(o["dims"][0]) == -1}
+        self.max_pack_tokens = int(params.get("max_pack_tokens", "0"))
         path = os.path.join(args["model_repository"], args["model_version"], params["artifact"])
         self.session = self.open_session(path, params)
 
@@ -63,9 +67,16 @@ class FrameworkRunnerModel:
                            lambda outputs: [pb.Tensor(n, outputs[n]) for n in self.output_names], pb.Logger)
 
     def _parse(self, request):
-        return {name: read_input(self.pb_utils, request, name) for name in self.input_names}
+        item = {name: read_input(self.pb_utils, request, name) for name in self.input_names}
+        if self.max_pack_tokens and not (item[MASK].ndim == 2 and _right_padded(item[MASK])
+                                         and all(a.shape == item[MASK].shape for a in item.values())):
+            raise ClientError(f"{MASK} must be [rows, tokens] of 1s then 0s (right padding), shaped like every other "
+                              f"input, for this encoder")
+        return item
 
     def _run(self, items):
+        if self.max_pack_tokens:
+            return self._run_packed(items)
         if not self.ragged or items[0][self.input_names[0]].ndim < 2:
             return self._run_padded(items)
         if MASK in self.input_names and all(_right_padded(item[MASK]) for item in items):
@@ -103,6 +114,25 @@ class FrameworkRunnerModel:
                         results[i][name][r, :keep] = values[j, :keep]
                     else:
                         results[i][name][r] = values[j]
+        return results
+
+    def _run_packed(self, items):
+        """Run the rows of all requests as packs of ≤ max_pack_tokens real tokens (no padding) and put every row
+        back in its request's shape (padded positions are zero)."""
+        rows = [(i, r, max(int(mask.sum()), 1)) for i, item in enumerate(items) for r, mask in enumerate(item[MASK])]
+        results = [{} for _ in items]
+        for group in pack_groups([length for _, _, length in rows], self.max_pack_tokens):
+            members = [rows[k] for k in group]
+            feeds = packed_inputs([{n: items[i][n][r, :length] for n in PACKED_FEATURES if n in items[i]}
+                                   for i, r, length in members])
+            outputs = self.session(feeds)
+            for name in self.output_names:
+                for (i, r, length), row in zip(members, unpacked(np.asarray(outputs[name]), [m[2] for m in members])):
+                    if name not in results[i]:
+                        rows_i, width = items[i][MASK].shape
+                        results[i][name] = np.zeros((rows_i, width) + row.shape[1:], dtype=row.dtype)
+                    keep = min(length, results[i][name].shape[1])
+                    results[i][name][r, :keep] = row[:keep]
         return results
 
     def _run_padded(self, items):

@@ -1,0 +1,43 @@
+"""Packing: several sentences run as one sequence, without padding (the text encoder's `packed` export).
+
+The packed encoder takes `input_ids`, `position_ids` (restarting at 0 for each sentence), `segment_ids` (which
+sentence a token belongs to; attention stays inside a sentence) and optionally `token_type_ids`, all shaped
+[1, tokens], and returns [1, tokens, hidden]. Numpy only: copied beside the runner's model.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PACKED_FEATURES = ("input_ids", "token_type_ids")  # per-token inputs that are concatenated as they are
+
+
+def pack_groups(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices of rows, in order, grouped so each group's total length stays ≤ max_tokens (a longer row runs alone).
+
+    Attention inside a pack spans all its tokens (masked across sentences), so its cost grows with the square of
+    the pack's length: the budget keeps that small next to the linear layers, which packing makes efficient."""
+    groups: list[list[int]] = []
+    total = 0
+    for i, n in enumerate(lengths):
+        if groups and total + n <= max_tokens:
+            groups[-1].append(i)
+            total += n
+        else:
+            groups.append([i])
+            total = n
+    return groups
+
+
+def packed_inputs(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Rows (each a dict of 1-D token arrays, real tokens only) → the packed encoder's inputs."""
+    lengths = [len(row["input_ids"]) for row in rows]
+    feeds = {name: np.concatenate([row[name] for row in rows])[None] for name in PACKED_FEATURES if name in rows[0]}
+    feeds["position_ids"] = np.concatenate([np.arange(n, dtype=np.int64) for n in lengths])[None]
+    feeds["segment_ids"] = np.repeat(np.arange(len(rows), dtype=np.int64), lengths)[None]
+    return feeds
+
+
+def unpacked(output: np.ndarray, lengths: list[int]) -> list[np.ndarray]:
+    """[1, tokens, ...] → one [length, ...] array per row."""
+    return np.split(output[0], np.cumsum(lengths)[:-1])
