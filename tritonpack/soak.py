@@ -36,10 +36,21 @@ class Workload:
     ensemble: str
     valid: list[hostile.RawRequest]
     hostile: list[hostile.HostileCase]
+    atol: float = 1e-4  # how far a valid answer under load may be from the same request's answer alone
+    min_cosine: float | None = None  # and, per row, at least this cosine to it
 
     @property
     def path(self) -> str:
         return f"/v2/models/{self.ensemble}/infer"
+
+    def matches(self, got: np.ndarray, expected: np.ndarray) -> bool:
+        if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-4, atol=self.atol):
+            return False
+        if self.min_cosine is None:
+            return True
+        rows, reference = got.reshape(len(got), -1), expected.reshape(len(expected), -1)
+        cosines = (rows * reference).sum(1) / np.linalg.norm(rows, axis=1) / np.linalg.norm(reference, axis=1)
+        return bool(cosines.min() >= self.min_cosine)
 
 
 @dataclass
@@ -92,6 +103,12 @@ class SoakReport:
                           indent=2)
 
 
+# A bf16 encoder's answer depends slightly on which requests share its pack (measured ≤ 9e-4 on L2-normalised
+# embeddings, cosine ≥ 0.99999 to the same request alone); another sentence's embedding is far outside both bounds.
+EMBEDDING_ATOL = 2e-3
+EMBEDDING_MIN_COSINE = 0.9999
+
+
 def sentence(rng: random.Random) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 40)))
 
@@ -99,7 +116,7 @@ def sentence(rng: random.Random) -> str:
 def text_workload(ensemble: str, pool: int = 64, seed: int = 0) -> Workload:
     rng = random.Random(seed)
     valid = [hostile.text_request([sentence(rng) for _ in range(rng.choice((1, 1, 2, 4, 8)))]) for _ in range(pool)]
-    return Workload(ensemble, valid, hostile.text_cases())
+    return Workload(ensemble, valid, hostile.text_cases(), atol=EMBEDDING_ATOL, min_cosine=EMBEDDING_MIN_COSINE)
 
 
 def image_workload(ensemble: str, pool: int = 16, seed: int = 0) -> Workload:
@@ -173,7 +190,8 @@ def process_name(pid: int) -> str:
 
 
 def outputs(text: str) -> dict[str, np.ndarray]:
-    return {o["name"]: np.asarray(o["data"], dtype=np.float32) for o in json.loads(text)["outputs"]}
+    return {o["name"]: np.asarray(o["data"], dtype=np.float32).reshape(o["shape"])
+            for o in json.loads(text)["outputs"]}
 
 
 class _Runner:
@@ -214,7 +232,7 @@ class _Runner:
             return kind, index, f"valid #{index}: {status}: {text[:200]}"
         got = outputs(text)
         for name, expected in self.expected[index].items():
-            if name not in got or not np.allclose(got[name], expected, rtol=1e-4, atol=1e-4):
+            if name not in got or not self.workload.matches(got[name], expected):
                 return kind, index, f"valid #{index}: {name} differs from the reference answer"
         return kind, index, None
 
