@@ -43,10 +43,11 @@ def _load(model_dir: Path):
     return TokenEmbeddings(model).eval()
 
 
-def _load_packed(model_dir: Path):
+def _load_packed(model_dir: Path, pooled: bool = False, normalize: bool = False):
     """The encoder taking several sentences as one sequence (models/framework_runner/packing.py): attention stays
     inside a sentence (block-diagonal additive mask from `segment_ids`) and `position_ids` restart for each one, so
-    every sentence gets exactly its unpacked embeddings."""
+    every sentence gets exactly its unpacked embeddings. `pooled`: return each sentence's mean over its tokens
+    ([sentences, hidden], L2-normalised with `normalize`) instead of the token embeddings ([1, tokens, hidden])."""
     import torch
 
     encoder = _load(model_dir).encoder
@@ -60,8 +61,13 @@ def _load_packed(model_dir: Path):
             same = segment_ids[:, :, None] == segment_ids[:, None, :]
             bias = torch.zeros(same.shape, dtype=torch.float32).masked_fill(~same, torch.finfo(torch.float32).min)
             kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
-            return self.encoder(input_ids=input_ids, attention_mask=bias[:, None], position_ids=position_ids,
-                                **kwargs).last_hidden_state
+            tokens = self.encoder(input_ids=input_ids, attention_mask=bias[:, None], position_ids=position_ids,
+                                  **kwargs).last_hidden_state
+            if not pooled:
+                return tokens
+            members = (segment_ids[0][None, :] == torch.arange(segment_ids.max() + 1)[:, None]).to(tokens.dtype)
+            means = members @ tokens[0] / members.sum(1, keepdim=True)
+            return torch.nn.functional.normalize(means, dim=1, eps=1e-12) if normalize else means
 
     return PackedTokenEmbeddings().eval()
 
@@ -180,10 +186,16 @@ def fuse(model_dir: Path, onnx_path: Path, out_path: Path, input_names: list[str
     return diff
 
 
-def export_packed(model_dir: Path, out_path: Path, input_names: list[str], max_length: int,
-                  opset: int = 17) -> float:
-    """Write the packed encoder (`_load_packed`) to `out_path`; returns its max abs diff on real tokens from the plain
-    PyTorch forward of each sentence alone, and raises above MAX_ABS_DIFF."""
+def mean_pooled(token_embeddings: np.ndarray, mask: np.ndarray, normalize: bool) -> np.ndarray:
+    weights = mask[:, :, None].astype(np.float32)
+    means = (token_embeddings * weights).sum(1) / np.clip(weights.sum(1), 1e-9, None)
+    return means / np.linalg.norm(means, axis=1, keepdims=True) if normalize else means
+
+
+def export_packed(model_dir: Path, out_path: Path, input_names: list[str], max_length: int, pooled: bool = False,
+                  normalize: bool = False, opset: int = 17) -> float:
+    """Write the packed encoder (`_load_packed`) to `out_path`; returns its max abs diff from the plain PyTorch
+    forward of each sentence alone (on real tokens, or on the pooled embeddings), and raises above MAX_ABS_DIFF."""
     import onnxruntime as ort
     import torch
 
@@ -192,19 +204,22 @@ def export_packed(model_dir: Path, out_path: Path, input_names: list[str], max_l
         expected = _load(model_dir)(*(torch.from_numpy(inputs[n]) for n in input_names)).numpy()
     packed, lengths = pack(inputs)
     names = ["input_ids", "position_ids", "segment_ids"] + (["token_type_ids"] if "token_type_ids" in packed else [])
+    output = "EMBEDDING" if pooled else "token_embeddings"
+    axes = {n: {1: "tokens"} for n in names} | {output: {0: "sentences"} if pooled else {1: "tokens"}}
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(_load_packed(model_dir), tuple(torch.from_numpy(packed[n]) for n in names), str(out_path),
-                          input_names=names, output_names=["token_embeddings"],
-                          dynamic_axes={n: {1: "tokens"} for n in names + ["token_embeddings"]},
+        torch.onnx.export(_load_packed(model_dir, pooled, normalize), tuple(torch.from_numpy(packed[n]) for n in names),
+                          str(out_path), input_names=names, output_names=[output], dynamic_axes=axes,
                           opset_version=opset, dynamo=False)
-    session = ort.InferenceSession(str(out_path), providers=["CPUExecutionProvider"])
-    got = unpack(session.run(None, packed)[0], lengths, expected.shape[1])
-    diff = max_diff_on_real_tokens(expected, got, inputs["attention_mask"])
+    got = ort.InferenceSession(str(out_path), providers=["CPUExecutionProvider"]).run(None, packed)[0]
+    if pooled:
+        diff = float(np.abs(mean_pooled(expected, inputs["attention_mask"], normalize) - got).max())
+    else:
+        diff = max_diff_on_real_tokens(expected, unpack(got, lengths, expected.shape[1]), inputs["attention_mask"])
     if not diff <= MAX_ABS_DIFF:
         raise RuntimeError(f"packed ONNX of {model_dir} differs from PyTorch by {diff:.2e} > {MAX_ABS_DIFF}")
-    print(f"packed {Path(model_dir).name}: max abs diff {diff:.1e}")
+    print(f"packed{' and pooled' if pooled else ''} {Path(model_dir).name}: max abs diff {diff:.1e}")
     return diff
 
 
@@ -222,13 +237,15 @@ def check_openvino(model_dir: Path, onnx_path: Path, input_names: list[str], max
     core = ov.Core()
     hint = {"fp32": "f32", "bf16": "bf16"}[precision]
     compiled = core.compile_model(core.read_model(str(onnx_path)), "CPU", {"INFERENCE_PRECISION_HINT": hint})
+    mask = inputs["attention_mask"]
     if packed:
         feeds, lengths = pack(inputs)
-        actual = unpack(compiled(feeds)[0], lengths, expected.shape[1])
+        actual = compiled(feeds)[0]
+        if actual.ndim == 3:  # token embeddings; a pooled export gives [sentences, hidden]
+            actual = mean_pooled(unpack(actual, lengths, expected.shape[1]), mask, False)
     else:
-        actual = compiled({n: inputs[n] for n in input_names})[0]
-    mask = inputs["attention_mask"][:, :, None].astype(np.float32)
-    pooled = [(x * mask).sum(1) / mask.sum(1) for x in (expected, actual)]
+        actual = mean_pooled(compiled({n: inputs[n] for n in input_names})[0], mask, False)
+    pooled = [mean_pooled(expected, mask, False), actual]
     cosine = float(((pooled[0] * pooled[1]).sum(1) / np.linalg.norm(pooled[0], axis=1)
                     / np.linalg.norm(pooled[1], axis=1)).min())
     ran = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()  # what this CPU runs: bf16 or f32

@@ -103,6 +103,8 @@ class TextServing:
     # > 0: run an ONNX encoder packed (portable only): up to this many real tokens of several sentences as one
     # sequence, no padding (models/framework_runner/packing.py); 0: batches padded per length group.
     encoder_pack_tokens: int = 0
+    # with packing: mean pooling (+ normalisation) inside the encoder graph, so the ensemble has no pooling step
+    encoder_pooling: bool = False
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_text_bytes < 1:
@@ -112,6 +114,8 @@ class TextServing:
                             f"got {self.encoder_runtime!r}")
         if self.encoder_pack_tokens < 0:
             raise SpecError(f"TextServing: encoder_pack_tokens must be 0 (no packing) or positive, got {self}")
+        if self.encoder_pooling and not self.encoder_pack_tokens:
+            raise SpecError("TextServing: encoder_pooling needs encoder_pack_tokens > 0 (the packed export pools)")
         if self.encoder_precision != "fp32" and self.encoder_runtime != "openvino":
             raise SpecError(f"TextServing: encoder_precision {self.encoder_precision} needs encoder_runtime=openvino")
 
@@ -128,8 +132,10 @@ class TextServing:
 
 def text_ensemble(name: str, source: SentenceTransformerSource, encoder: ModelFolder,
                   serving: TextServing) -> list[ModelFolder]:
+    """tokenizer → encoder → pooling, or tokenizer → encoder when the encoder pools itself (gives EMBEDDING)."""
     batching = serving.batching()
     token_tensors = source.encoder_inputs()
+    embedding = Tensor("EMBEDDING", "TYPE_FP32", (source.hidden_size,))
     tokenizer = python_model(
         ModelSpec(
             name=f"{name}_tokenizer", backend="python", max_batch_size=serving.max_batch_size,
@@ -142,30 +148,31 @@ def text_ensemble(name: str, source: SentenceTransformerSource, encoder: ModelFo
         "tokenizer",
         {"1/tokenizer.json": source.path / "tokenizer.json"},
     )
-    pooling = python_model(
-        ModelSpec(
-            name=f"{name}_pooling", backend="python", max_batch_size=serving.max_batch_size,
-            inputs=(Tensor("token_embeddings", "TYPE_FP32", (-1, source.hidden_size), allow_ragged_batch=True),
-                    Tensor("attention_mask", "TYPE_INT64", (-1,), allow_ragged_batch=True)),
-            outputs=(Tensor("EMBEDDING", "TYPE_FP32", (source.hidden_size,)),),
-            instance_group=(InstanceGroup("KIND_CPU", serving.pooling_instances),), dynamic_batching=batching,
-            parameters={"normalize": "true" if source.normalize else "false"},
-        ),
-        "mean_pooling",
-    )
     token_map = {t.name: t.name for t in token_tensors}
+    steps = [EnsembleStep(tokenizer.spec.name, {"TEXT": "TEXT"}, token_map)]
+    models = [tokenizer, encoder]
+    if encoder.spec.outputs[0].name == embedding.name:
+        steps.append(EnsembleStep(encoder.spec.name, token_map, {embedding.name: embedding.name}))
+    else:
+        pooling = python_model(
+            ModelSpec(
+                name=f"{name}_pooling", backend="python", max_batch_size=serving.max_batch_size,
+                inputs=(Tensor("token_embeddings", "TYPE_FP32", (-1, source.hidden_size), allow_ragged_batch=True),
+                        Tensor("attention_mask", "TYPE_INT64", (-1,), allow_ragged_batch=True)),
+                outputs=(embedding,), instance_group=(InstanceGroup("KIND_CPU", serving.pooling_instances),),
+                dynamic_batching=batching, parameters={"normalize": "true" if source.normalize else "false"},
+            ),
+            "mean_pooling",
+        )
+        pooling_inputs = {"token_embeddings": "token_embeddings", "attention_mask": "attention_mask"}
+        steps += [EnsembleStep(encoder.spec.name, token_map, {encoder.spec.outputs[0].name: "token_embeddings"}),
+                  EnsembleStep(pooling.spec.name, pooling_inputs, {embedding.name: embedding.name})]
+        models.append(pooling)
     ensemble = ModelFolder(ModelSpec(
         name=name, platform="ensemble", max_batch_size=serving.max_batch_size,
-        inputs=(Tensor("TEXT", "TYPE_STRING", (1,)),),
-        outputs=(Tensor("EMBEDDING", "TYPE_FP32", (source.hidden_size,)),),
-        ensemble_steps=(
-            EnsembleStep(tokenizer.spec.name, {"TEXT": "TEXT"}, token_map),
-            EnsembleStep(encoder.spec.name, token_map, {encoder.spec.outputs[0].name: "token_embeddings"}),
-            EnsembleStep(pooling.spec.name, {"token_embeddings": "token_embeddings",
-                                             "attention_mask": "attention_mask"}, {"EMBEDDING": "EMBEDDING"}),
-        ),
+        inputs=(Tensor("TEXT", "TYPE_STRING", (1,)),), outputs=(embedding,), ensemble_steps=tuple(steps),
     ))
-    return [ensemble, tokenizer, encoder, pooling]
+    return [ensemble, *models]
 
 
 def encoder_artifacts(source: SentenceTransformerSource, cache: Path) -> dict[str, Path]:
@@ -198,18 +205,20 @@ def fused_encoder_onnx(source: SentenceTransformerSource, onnx: Path, cache: Pat
     return cached_dir(cache, "text-encoder-fused", onnx, settings, produce) / "model.onnx"
 
 
-def packed_encoder_onnx(source: SentenceTransformerSource, cache: Path) -> Path:
-    """The encoder exported to take several sentences as one sequence, checked against PyTorch sentence by
-    sentence (max abs diff ≤ 1e-4), cached like `encoder_artifacts`."""
+def packed_encoder_onnx(source: SentenceTransformerSource, cache: Path, pooled: bool = False) -> Path:
+    """The encoder exported to take several sentences as one sequence (and with `pooled`, to return their mean-pooled
+    embeddings, normalised as the source says), checked against PyTorch sentence by sentence (max abs diff ≤ 1e-4),
+    cached like `encoder_artifacts`."""
     from build.export_text_encoder import export_packed
     from tritonpack.cache import cached_dir
 
     inputs = [t.name for t in source.encoder_inputs()]
 
     def produce(out: Path) -> None:
-        export_packed(source.path, out / "model.onnx", inputs, source.max_seq_length)
+        export_packed(source.path, out / "model.onnx", inputs, source.max_seq_length, pooled, source.normalize)
 
-    out = cached_dir(cache, "text-encoder-packed", source.path, {"inputs": inputs, "opset": 17}, produce)
+    settings = {"inputs": inputs, "opset": 17, "pooled": pooled, "normalize": source.normalize}
+    out = cached_dir(cache, "text-encoder-packed", source.path, settings, produce)
     return out / "model.onnx"
 
 

@@ -63,7 +63,7 @@ def models_dir(tmp_path_factory, build_ensemble, tiny_tarball):
     (folder / "garbage.tar.gz").write_bytes(b"this is not a tarball")
     (folder / "escape.tar.gz").write_bytes(tarball_with({"../escaped.txt": b"owned"}, tiny_tarball))
     with tarfile.open(tiny_tarball) as tar:
-        config = tar.extractfile("bert/config.pbtxt").read().replace(b'"bert_pooling"', b'"bert_missing"')
+        config = tar.extractfile("bert/config.pbtxt").read().replace(b'"bert_encoder"', b'"bert_missing"')
     (folder / "miswired.tar.gz").write_bytes(tarball_with({"bert/config.pbtxt": config}, tiny_tarball))
     return folder
 
@@ -115,7 +115,7 @@ def test_local_mme_answers_ping_when_triton_is_live(mme):
 
 def test_local_mme_serves_both_side_by_side_when_tarballs_share_model_folder_names(mme, runtime, reference,
                                                                                   tiny_reference):
-    # Both tarballs hold bert/, bert_tokenizer/, bert_encoder/, bert_pooling/ — with different weights and sizes.
+    # Both tarballs hold bert/, bert_tokenizer/, bert_encoder/ — with different weights and sizes.
     for _ in range(2):
         assert_embeddings_match(embed(runtime, "bert.tar.gz", FEW), reference_for(FEW, reference))
         assert_embeddings_match(embed(runtime, "tiny-a.tar.gz", FEW, "json"), tiny_reference(FEW))

@@ -117,6 +117,7 @@ def test_portable_openvino_runner_gets_framework_and_precision_when_built(tmp_pa
     (lambda p: framework_model("enc", Artifact("onnx", p, packed=True), "cpu", (), (), max_batch_size=8,
                                dynamic_batching=None, max_pack_tokens=64), "only the portable runner feeds"),
     (lambda p: TextServing(encoder_pack_tokens=-1), "encoder_pack_tokens must be 0"),
+    (lambda p: TextServing(encoder_pooling=True), "encoder_pooling needs encoder_pack_tokens > 0"),
     (lambda p: TextServing(encoder_runtime="tensorrt"), "encoder_runtime must be one of onnxruntime, openvino"),
     (lambda p: TextServing(encoder_precision="bf16"), "encoder_precision bf16 needs encoder_runtime=openvino"),
     (lambda p: TextServing().with_overrides({"encoder_precision": "int8", "encoder_runtime": "openvino"}),
@@ -142,7 +143,8 @@ def test_bert_serves_with_onnxruntime_when_encoder_runtime_is_overridden(test_di
     dist = test_dist / f"bert-onnxruntime-{pack_tokens}"  # its own folder: the default build keeps dist/bert-portable
     dist.mkdir()
     (dist / "cache").symlink_to(test_dist / "cache")
-    serving = (("encoder_runtime", "onnxruntime"), ("encoder_precision", "fp32"), ("encoder_pack_tokens", pack_tokens))
+    serving = (("encoder_runtime", "onnxruntime"), ("encoder_precision", "fp32"), ("encoder_pack_tokens", pack_tokens),
+               ("encoder_pooling", str(pack_tokens != "0")))
     result = build(BuildRequest("bert", "portable", dist=dist, serving=serving))
     params = parse_config((result.repository / "bert_encoder" / "config.pbtxt").read_text()).parameters
     assert params["framework"].string_value == "onnxruntime" and "precision" not in params

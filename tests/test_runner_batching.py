@@ -149,3 +149,28 @@ def test_packed_runner_gives_every_row_its_own_tokens_and_positions_when_request
             assert len(set(tokens[row, :n, 2])) == 1  # one segment per sentence
             assert not tokens[row, n:].any()  # padded positions are zero
 
+
+
+def test_packed_runner_gives_row_outputs_in_request_order_when_the_encoder_pools():
+    module = _runner_module()
+    packing = _packing_module()
+
+    class PoolingRunner(module.FrameworkRunnerModel):
+        """A packed encoder that pools: one output row per sentence of the pack (its first token id)."""
+
+        def __init__(self):
+            self.input_names, self.output_names = ["input_ids", "attention_mask"], ["EMBEDDING"]
+            self.ragged, self.trimmed_outputs, self.max_pack_tokens = True, set(), 8
+
+        def session(self, feeds):
+            rows = packing.unpacked(feeds["input_ids"][..., None], np.bincount(feeds["segment_ids"][0]).tolist())
+            return {"EMBEDDING": np.array([[row[0, 0], len(row)] for row in rows], dtype=np.float32)}
+
+    items = []
+    for lengths, width in (([3, 5], 5), ([6], 7), ([2, 1, 4], 4)):
+        mask = np.array([[1] * n + [0] * (width - n) for n in lengths])
+        items.append({"input_ids": (np.arange(mask.size).reshape(mask.shape) + 100) * mask, "attention_mask": mask})
+    results = PoolingRunner()._run(items)
+    for item, result in zip(items, results):
+        expected = [[ids[0], mask.sum()] for ids, mask in zip(item["input_ids"], item["attention_mask"])]
+        np.testing.assert_array_equal(result["EMBEDDING"], expected)

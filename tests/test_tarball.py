@@ -78,7 +78,7 @@ def test_env_build_gives_env_only_to_models_needing_more_than_numpy_when_env_is_
     tokenizer = (repo / "bert_tokenizer" / "config.pbtxt").read_text()
     assert 'string_value: "$$TRITON_MODEL_DIRECTORY/text-py3.11.tar.gz"' in tokenizer
     assert (repo / "bert_tokenizer" / "text-py3.11.tar.gz").stat().st_size < 50_000_000
-    assert "EXECUTION_ENV_PATH" not in (repo / "bert_pooling" / "config.pbtxt").read_text()
+    assert "EXECUTION_ENV_PATH" not in (repo / "bert" / "config.pbtxt").read_text()
 
 
 def test_check_passes_when_env_tarball_targets_local_python(env_builds):

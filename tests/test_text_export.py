@@ -107,3 +107,26 @@ def test_packed_export_gives_each_sentence_its_unpacked_embeddings_when_sentence
     assert feeds["input_ids"].shape == (1, sum(lengths))  # no padding inside the pack
     together = unpack(packed.run(None, feeds)[0], lengths, alone.shape[1])
     assert max_diff_on_real_tokens(alone, together, inputs["attention_mask"]) <= 1e-4
+
+
+def test_pooled_packed_export_gives_sentence_transformers_embeddings_when_sentences_share_a_sequence(test_dist):
+    import onnxruntime as ort
+    from sentence_transformers import SentenceTransformer
+    from tokenizers import Tokenizer
+
+    from build.export_text_encoder import pack
+    from ensembles.text import packed_encoder_onnx
+
+    source = SentenceTransformerSource.resolve(None)
+    session = ort.InferenceSession(str(packed_encoder_onnx(source, test_dist / "cache", pooled=True)))
+    assert [o.name for o in session.get_outputs()] == ["EMBEDDING"]
+    texts = ["first sentence", "a second, longer sentence in the same pack", "", "Ünïcödé 🚀"]
+    tokenizer = Tokenizer.from_file(str(source.path / "tokenizer.json"))
+    tokenizer.enable_padding(pad_id=0)
+    encodings = tokenizer.encode_batch(texts)
+    feeds, _ = pack({"input_ids": np.array([e.ids for e in encodings]), "attention_mask": np.array(
+        [e.attention_mask for e in encodings]), "token_type_ids": np.array([e.type_ids for e in encodings])})
+    got = session.run(None, feeds)[0]
+    expected = SentenceTransformer(str(source.path), device="cpu").encode(texts)
+    assert got.shape == (4, 384)
+    np.testing.assert_allclose(got, expected, atol=1e-5)  # fp32: equal, and L2-normalised like the source

@@ -11,7 +11,7 @@ from tritonpack.wiring import wiring_problems
 
 @pytest.fixture(scope="module")
 def bert_configs(build_ensemble):
-    repository = build_ensemble("bert", "portable").repository
+    repository = build_ensemble("bert", "cpu").repository  # three steps: tokenizer, encoder, pooling
     return {p.parent.name: parse_config(p.read_text()) for p in repository.glob("*/config.pbtxt")}
 
 
@@ -19,13 +19,16 @@ def _copy(configs):
     return {name: type(cfg).FromString(cfg.SerializeToString()) for name, cfg in configs.items()}
 
 
-@pytest.mark.parametrize("name", ["bert", "bert_pt"])
-def test_wiring_has_no_problems_when_ensemble_is_built(name, build_ensemble):
-    repository = build_ensemble(name, "portable").repository
+@pytest.mark.parametrize(("name", "target", "steps"), [
+    ("bert", "portable", ("tokenizer", "encoder")),  # the packed encoder pools itself
+    ("bert", "cpu", ("tokenizer", "encoder", "pooling")),
+    ("bert_pt", "portable", ("tokenizer", "encoder", "pooling")),
+])
+def test_wiring_has_no_problems_when_ensemble_is_built(name, target, steps, build_ensemble):
+    repository = build_ensemble(name, target).repository
     configs = {p.parent.name: parse_config(p.read_text()) for p in repository.glob("*/config.pbtxt")}
     assert wiring_problems(configs[name], configs) == []
-    steps = configs[name].ensemble_scheduling.step
-    assert [s.model_name for s in steps] == [f"{name}_tokenizer", f"{name}_encoder", f"{name}_pooling"]
+    assert [s.model_name for s in configs[name].ensemble_scheduling.step] == [f"{name}_{s}" for s in steps]
 
 
 def test_wiring_reports_dtype_when_producer_and_consumer_disagree(bert_configs):

@@ -328,7 +328,7 @@ def replace_threads(side: SentenceTransformersSide, threads: int) -> SentenceTra
 class BareEncoderSide:
     """The served encoder without Triton: the repository's own encoder file, runtime, precision and session
     options, run through the same runner code (packing or length grouping) in-process, plus tokenization and
-    pooling. The ratio served ÷ this is what serving costs."""
+    pooling (unless the encoder pools). The ratio served ÷ this is what serving costs."""
 
     def __init__(self, repository: Path, model: str):
         from google.protobuf.json_format import MessageToDict
@@ -371,8 +371,10 @@ class BareEncoderSide:
                 "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
                 "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
         item = {n: item[n] for n in self.runner.input_names}
-        tokens = self.runner._run([item])[0]["token_embeddings"]
-        return self.pool(tokens, item["attention_mask"], True)
+        result = self.runner._run([item])[0]
+        if "EMBEDDING" in result:  # the encoder pools itself
+            return result["EMBEDDING"]
+        return self.pool(result["token_embeddings"], item["attention_mask"], True)
 
     def run(self, batches: list[list[str]]) -> Run:
         latencies = []

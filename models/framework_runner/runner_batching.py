@@ -118,7 +118,8 @@ class FrameworkRunnerModel:
 
     def _run_packed(self, items):
         """Run the rows of all requests as packs of ≤ max_pack_tokens real tokens (no padding) and put every row
-        back in its request's shape (padded positions are zero)."""
+        back in its request: token outputs ([1, tokens, ...]) in the request's shape with zeros where it was
+        padded, row outputs of a pooling export ([rows of the pack, ...]) row by row."""
         rows = [(i, r, max(int(mask.sum()), 1)) for i, item in enumerate(items) for r, mask in enumerate(item[MASK])]
         results = [{} for _ in items]
         for group in pack_groups([length for _, _, length in rows], self.max_pack_tokens):
@@ -127,12 +128,19 @@ class FrameworkRunnerModel:
                                    for i, r, length in members])
             outputs = self.session(feeds)
             for name in self.output_names:
-                for (i, r, length), row in zip(members, unpacked(np.asarray(outputs[name]), [m[2] for m in members])):
+                values = np.asarray(outputs[name])
+                per_row = unpacked(values, [m[2] for m in members]) if name in self.trimmed_outputs else values
+                for (i, r, length), row in zip(members, per_row):
                     if name not in results[i]:
                         rows_i, width = items[i][MASK].shape
-                        results[i][name] = np.zeros((rows_i, width) + row.shape[1:], dtype=row.dtype)
-                    keep = min(length, results[i][name].shape[1])
-                    results[i][name][r, :keep] = row[:keep]
+                        trimmed = name in self.trimmed_outputs
+                        shape = (rows_i, width) + row.shape[1:] if trimmed else (rows_i,) + row.shape
+                        results[i][name] = np.zeros(shape, dtype=row.dtype)
+                    if name in self.trimmed_outputs:
+                        keep = min(length, results[i][name].shape[1])
+                        results[i][name][r, :keep] = row[:keep]
+                    else:
+                        results[i][name][r] = row
         return results
 
     def _run_padded(self, items):
