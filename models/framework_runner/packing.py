@@ -2,7 +2,8 @@
 
 The packed encoder takes `input_ids`, `position_ids` (restarting at 0 for each sentence), `segment_ids` (which
 sentence a token belongs to; attention stays inside a sentence) and optionally `token_type_ids`, all shaped
-[1, tokens], and returns [1, tokens, hidden]. Numpy only: copied beside the runner's model.py.
+[1, tokens], and returns [1, tokens, hidden] — or, exported with pooling, [sentences, hidden]. Numpy only: copied
+beside the runner's model.py.
 """
 
 from __future__ import annotations

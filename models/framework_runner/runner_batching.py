@@ -128,15 +128,14 @@ class FrameworkRunnerModel:
                                    for i, r, length in members])
             outputs = self.session(feeds)
             for name in self.output_names:
-                values = np.asarray(outputs[name])
-                per_row = unpacked(values, [m[2] for m in members]) if name in self.trimmed_outputs else values
+                values, trimmed = np.asarray(outputs[name]), name in self.trimmed_outputs
+                per_row = unpacked(values, [m[2] for m in members]) if trimmed else values
                 for (i, r, length), row in zip(members, per_row):
                     if name not in results[i]:
                         rows_i, width = items[i][MASK].shape
-                        trimmed = name in self.trimmed_outputs
                         shape = (rows_i, width) + row.shape[1:] if trimmed else (rows_i,) + row.shape
                         results[i][name] = np.zeros(shape, dtype=row.dtype)
-                    if name in self.trimmed_outputs:
+                    if trimmed:
                         keep = min(length, results[i][name].shape[1])
                         results[i][name][r, :keep] = row[:keep]
                     else:
