@@ -108,6 +108,16 @@ def test_packed_inputs_restart_positions_and_number_segments_when_rows_are_joine
     assert [r.tolist() for r in rows] == [[[0, 1], [2, 3], [4, 5]], [[6, 7], [8, 9]]]
 
 
+def test_packed_inputs_pad_to_the_multiple_with_a_segment_no_row_reads_when_asked():
+    packing = _packing_module()
+    feeds = packing.packed_inputs([{"input_ids": np.array([101, 7, 102])}, {"input_ids": np.array([101, 102])}], 8)
+    np.testing.assert_array_equal(feeds["input_ids"], [[101, 7, 102, 101, 102, 0, 0, 0]])
+    np.testing.assert_array_equal(feeds["position_ids"], [[0, 1, 2, 0, 1, 0, 1, 2]])
+    np.testing.assert_array_equal(feeds["segment_ids"], [[0, 0, 0, 1, 1, 2, 2, 2]])
+    rows = packing.unpacked(np.arange(8).reshape(1, 8, 1), [3, 2])
+    assert [r[:, 0].tolist() for r in rows] == [[0, 1, 2], [3, 4]]  # the padding is not part of any row
+
+
 class PackedEchoRunner:
     """A runner whose session is a packed encoder that answers, per token, (input id, position, segment)."""
 
@@ -138,7 +148,7 @@ def test_packed_runner_gives_every_row_its_own_tokens_and_positions_when_request
         ids = (np.arange(mask.size).reshape(mask.shape) + 100) * mask
         items.append({"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
     results = runner._run(items)
-    assert runner.packs == [3 + 5, 9 + 2 + 4 + 1]  # rows in arrival order, ≤ 16 real tokens per pack
+    assert runner.packs == [16, 16]  # [3, 5] and [9, 2, 4, 1]: ≤ 16 real tokens each, padded to a multiple of 16
     for item, result in zip(items, results):
         tokens = result["token_embeddings"]
         assert tokens.shape == item["input_ids"].shape + (3,)

@@ -30,15 +30,22 @@ def pack_groups(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return groups
 
 
-def packed_inputs(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Rows (each a dict of 1-D token arrays, real tokens only) → the packed encoder's inputs."""
+def packed_inputs(rows: list[dict[str, np.ndarray]], multiple: int = 1) -> dict[str, np.ndarray]:
+    """Rows (each a dict of 1-D token arrays, real tokens only) → the packed encoder's inputs, the sequence padded
+    to a multiple of `multiple` tokens with a segment of its own (which no row reads back).
+
+    Why pad at all: OpenVINO keeps compiled state and buffers per input shape; with every pack length from 1 to
+    256 a serving process grew by ~450 MB over 10,000 requests. Multiples of 16 bound that to 16 shapes at no
+    measured cost (the reused shapes pay for the padding)."""
     lengths = [len(row["input_ids"]) for row in rows]
-    feeds = {name: np.concatenate([row[name] for row in rows])[None] for name in PACKED_FEATURES if name in rows[0]}
-    feeds["position_ids"] = np.concatenate([np.arange(n, dtype=np.int64) for n in lengths])[None]
-    feeds["segment_ids"] = np.repeat(np.arange(len(rows), dtype=np.int64), lengths)[None]
+    pad = -sum(lengths) % multiple
+    padding = {name: np.zeros(pad, dtype=rows[0][name].dtype) for name in PACKED_FEATURES if name in rows[0]}
+    feeds = {name: np.concatenate([row[name] for row in rows] + [padding[name]])[None] for name in padding}
+    feeds["position_ids"] = np.concatenate([np.arange(n, dtype=np.int64) for n in lengths + [pad]])[None]
+    feeds["segment_ids"] = np.repeat(np.arange(len(rows) + 1, dtype=np.int64), lengths + [pad])[None]
     return feeds
 
 
 def unpacked(output: np.ndarray, lengths: list[int]) -> list[np.ndarray]:
-    """[1, tokens, ...] → one [length, ...] array per row."""
-    return np.split(output[0], np.cumsum(lengths)[:-1])
+    """[1, tokens, ...] → one [length, ...] array per row (any padding after the last row dropped)."""
+    return np.split(output[0], np.cumsum(lengths))[:len(lengths)]

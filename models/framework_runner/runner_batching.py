@@ -20,6 +20,7 @@ from packing import PACKED_FEATURES, pack_groups, packed_inputs, unpacked
 MASK = "attention_mask"  # when an input has this name, rows are grouped by its real length
 PAD_VALUES = {MASK: 0}
 MAX_PADDING_WASTE = 0.25  # a group of ragged requests may hold at most this fraction of padding tokens
+PACK_MULTIPLE = 16  # packs are padded to a multiple of this many tokens (packing.packed_inputs says why)
 
 
 def length_groups(shapes: list[tuple[int, int]], max_waste: float = MAX_PADDING_WASTE) -> list[list[int]]:
@@ -60,6 +61,8 @@ class FrameworkRunnerModel:
         self.max_pack_tokens = int(params.get("max_pack_tokens", "0"))
         path = os.path.join(args["model_repository"], args["model_version"], params["artifact"])
         self.session = self.open_session(path, params)
+        if self.max_pack_tokens:
+            self._warm_pack_shapes()
 
     def execute(self, requests):
         pb = self.pb_utils
@@ -116,6 +119,14 @@ class FrameworkRunnerModel:
                         results[i][name][r] = values[j]
         return results
 
+    def _warm_pack_shapes(self):
+        """Run every pack length the runner can send (multiples of PACK_MULTIPLE up to max_pack_tokens) once at
+        load, so no request waits for a shape's first compilation and memory is at its steady state from the
+        start (a runtime keeps state per input shape)."""
+        for length in range(PACK_MULTIPLE, self.max_pack_tokens + 1, PACK_MULTIPLE):
+            row = {n: np.zeros(length, dtype=np.int64) for n in PACKED_FEATURES if n in self.input_names}
+            self.session(packed_inputs([row], PACK_MULTIPLE))
+
     def _run_packed(self, items):
         """Run the rows of all requests as packs of ≤ max_pack_tokens real tokens (no padding) and put every row
         back in its request: token outputs ([1, tokens, ...]) in the request's shape with zeros where it was
@@ -125,7 +136,7 @@ class FrameworkRunnerModel:
         for group in pack_groups([length for _, _, length in rows], self.max_pack_tokens):
             members = [rows[k] for k in group]
             feeds = packed_inputs([{n: items[i][n][r, :length] for n in PACKED_FEATURES if n in items[i]}
-                                   for i, r, length in members])
+                                   for i, r, length in members], PACK_MULTIPLE)
             outputs = self.session(feeds)
             for name in self.output_names:
                 values, trimmed = np.asarray(outputs[name]), name in self.trimmed_outputs
