@@ -72,11 +72,13 @@ def _load_packed(model_dir: Path, pooled: bool = False, normalize: bool = False)
     return PackedTokenEmbeddings().eval()
 
 
-def _packing():
+def _runner_module(name: str):
+    """A numpy-only module of the portable runner (models/framework_runner/<name>.py), so the build packs and
+    configures exactly as the served model does."""
     import importlib.util
 
-    path = Path(__file__).resolve().parent.parent / "models" / "framework_runner" / "packing.py"
-    spec = importlib.util.spec_from_file_location("tritonpack_build_packing", path)
+    path = Path(__file__).resolve().parent.parent / "models" / "framework_runner" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"tritonpack_build_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -87,13 +89,13 @@ def pack(inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[int
     lengths = [max(int(m.sum()), 1) for m in inputs["attention_mask"]]
     rows = [{n: inputs[n][r, :length] for n in ("input_ids", "token_type_ids") if n in inputs}
             for r, length in enumerate(lengths)]
-    return _packing().packed_inputs(rows), lengths
+    return _runner_module("packing").packed_inputs(rows), lengths
 
 
 def unpack(packed_output: np.ndarray, lengths: list[int], width: int) -> np.ndarray:
     """[1, tokens, hidden] → [rows, width, hidden], each row's tokens first and zeros after."""
     out = np.zeros((len(lengths), width) + packed_output.shape[2:], dtype=packed_output.dtype)
-    for r, row in enumerate(_packing().unpacked(packed_output, lengths)):
+    for r, row in enumerate(_runner_module("packing").unpacked(packed_output, lengths)):
         out[r, :len(row)] = row
     return out
 
@@ -235,7 +237,7 @@ def check_openvino(model_dir: Path, onnx_path: Path, input_names: list[str], max
     with torch.inference_mode():
         expected = _load(model_dir)(*(torch.from_numpy(inputs[n]) for n in input_names)).numpy()
     core = ov.Core()
-    hint = {"fp32": "f32", "bf16": "bf16"}[precision]
+    hint = _runner_module("openvino_session").OPENVINO_PRECISION[precision]
     compiled = core.compile_model(core.read_model(str(onnx_path)), "CPU", {"INFERENCE_PRECISION_HINT": hint})
     mask = inputs["attention_mask"]
     if packed:

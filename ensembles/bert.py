@@ -13,7 +13,7 @@ from ensembles.text import (
     text_ensemble,
 )
 from tritonpack.components import Artifact, ModelFolder, framework_model
-from tritonpack.spec import SpecError, Tensor
+from tritonpack.spec import SpecError
 
 NAME = "bert"
 TARGETS = ("gpu", "cpu", "portable")
@@ -51,8 +51,7 @@ def models(request, cache) -> list[ModelFolder]:
             artifact = Artifact("onnx", onnx, packed=True)
         else:  # ONNX Runtime runs the fused graph: 1.15× served throughput measured (docs/performance.md)
             artifact = Artifact("onnx", fused_encoder_onnx(source, onnx, cache))
-    outputs = (Tensor("EMBEDDING", "TYPE_FP32", (source.hidden_size,)),) if serving.encoder_pooling \
-        else source.encoder_outputs()
+    outputs = (source.embedding_output(),) if serving.encoder_pooling else source.encoder_outputs()
     encoder = framework_model(
         f"{NAME}_encoder", artifact, request.target, source.encoder_inputs(), outputs,
         max_batch_size=serving.max_batch_size, dynamic_batching=serving.batching(),

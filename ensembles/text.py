@@ -69,6 +69,10 @@ class SentenceTransformerSource:
         names = ["input_ids", "attention_mask"] + (["token_type_ids"] if self.takes_token_type_ids else [])
         return tuple(Tensor(n, "TYPE_INT64", (-1,)) for n in names)
 
+    def embedding_output(self) -> Tensor:
+        """The ensemble's output, and a pooling encoder's."""
+        return Tensor("EMBEDDING", "TYPE_FP32", (self.hidden_size,))
+
     def encoder_outputs(self) -> tuple[Tensor, ...]:
         return (Tensor("token_embeddings", "TYPE_FP32", (-1, self.hidden_size)),)
 
@@ -135,7 +139,7 @@ def text_ensemble(name: str, source: SentenceTransformerSource, encoder: ModelFo
     """tokenizer → encoder → pooling, or tokenizer → encoder when the encoder pools itself (gives EMBEDDING)."""
     batching = serving.batching()
     token_tensors = source.encoder_inputs()
-    embedding = Tensor("EMBEDDING", "TYPE_FP32", (source.hidden_size,))
+    embedding = source.embedding_output()
     tokenizer = python_model(
         ModelSpec(
             name=f"{name}_tokenizer", backend="python", max_batch_size=serving.max_batch_size,
