@@ -1,6 +1,6 @@
 """Build a TensorRT engine (`model.plan`) from an ONNX file with the TensorRT Python API.
 
-    python build/build_tensorrt.py MODEL.onnx OUT.plan --profile NAME=MIN,OPT,MAX [...] [--fp16]
+    python -m tritonpack.build.build_tensorrt MODEL.onnx OUT.plan --profile NAME=MIN,OPT,MAX [...] [--fp16]
 
 A profile gives each dynamic input its min/opt/max shape, e.g. input_ids=1x1,16x128,64x256.
 Needs a CUDA GPU and the `tensorrt` package; without them it stops with one line saying which is missing.
@@ -14,8 +14,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritonpack.errors import ToolUnavailable
 
-class TensorRTUnavailable(RuntimeError):
+
+class TensorRTUnavailable(ToolUnavailable):
     pass
 
 

@@ -1,6 +1,6 @@
 """Inception v3 as a frozen TensorFlow graph (`model.graphdef`) and, optionally, the same graph as ONNX.
 
-    python build/export_inception.py OUT_DIR [--graphdef inception_v3_2016_08_28_frozen.pb] [--onnx]
+    python -m tritonpack.build.export_inception OUT_DIR [--graphdef inception_v3_2016_08_28_frozen.pb] [--onnx]
 
 The contract is the official TF-slim frozen graph's: input `input` FP32 [batch, 299, 299, 3] NHWC scaled to
 [-1, 1]; output `InceptionV3/Predictions/Softmax` FP32 [batch, 1001] (class 0 is "background").

@@ -1,6 +1,6 @@
 """Export a sentence-transformers BERT-family encoder to ONNX and TorchScript, checked against PyTorch.
 
-    python build/export_text_encoder.py MODEL_DIR OUT_DIR [--opset 17]
+    python -m tritonpack.build.export_text_encoder MODEL_DIR OUT_DIR [--opset 17]
 
 Both artifacts take input_ids, attention_mask[, token_type_ids] (INT64 [batch, seq]) and return
 token_embeddings (FP32 [batch, seq, hidden]); batch and sequence axes are dynamic.
@@ -264,8 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--opset", type=int, default=17)
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from ensembles.text import SentenceTransformerSource
+    from tritonpack.ensembles.text import SentenceTransformerSource
 
     source = SentenceTransformerSource.load(args.model_dir)
     export(source.path, args.out_dir, [t.name for t in source.encoder_inputs()], source.max_seq_length,

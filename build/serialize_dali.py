@@ -1,6 +1,6 @@
 """Turn a `pipelines/` recipe into what Triton's DALI backend loads.
 
-    python build/serialize_dali.py RECIPE OUT_DIR [--max-batch-size 128] [--threads 2]
+    python -m tritonpack.build.serialize_dali RECIPE OUT_DIR [--max-batch-size 128] [--threads 2]
 
 Writes both forms into OUT_DIR:
   model.dali  the CPU pipeline (`device="cpu"`), serialized here: the `cpu` target's DALI backend and the
@@ -17,8 +17,9 @@ import argparse
 import sys
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-PIPELINE_SOURCE = PROJECT_ROOT / "pipelines" / "classification.py"
+from tritonpack import CARD_ROOT
+
+PIPELINE_SOURCE = CARD_ROOT / "pipelines" / "classification.py"
 
 AUTOSERIALIZE_ENTRY = '''
 
@@ -35,8 +36,7 @@ def triton_pipeline():
 
 
 def serialize(recipe_name: str, out_dir: Path, max_batch_size: int, threads: int = 2) -> dict[str, Path]:
-    sys.path.insert(0, str(PROJECT_ROOT))
-    from pipelines.classification import RECIPES, classification_pipeline
+    from tritonpack.pipelines.classification import RECIPES, classification_pipeline
 
     recipe = RECIPES[recipe_name]
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,10 @@ pooling."""
 
 from __future__ import annotations
 
-from ensembles.text import (
+from tritonpack.components import Artifact, ModelFolder, framework_model
+from tritonpack.spec import SpecError
+
+from .text import (
     SentenceTransformerSource,
     TextServing,
     encoder_artifacts,
@@ -12,8 +15,6 @@ from ensembles.text import (
     packed_encoder_onnx,
     text_ensemble,
 )
-from tritonpack.components import Artifact, ModelFolder, framework_model
-from tritonpack.spec import SpecError
 
 NAME = "bert"
 TARGETS = ("gpu", "cpu", "portable")
@@ -63,7 +64,7 @@ def models(request, cache) -> list[ModelFolder]:
 
 def text_encoder_plan(onnx, source, serving, fp16, cache):
     """Profile over batch 1..max_batch_size and sequence 1..max_seq_length, tuned for short sentences."""
-    from build.build_tensorrt import ShapeProfile, build_plan
+    from tritonpack.build.build_tensorrt import ShapeProfile, build_plan
 
     batch, seq = serving.max_batch_size, source.max_seq_length
     profiles = [ShapeProfile(t.name, (1, 1), (max(1, batch // 2), min(128, seq)), (batch, seq))

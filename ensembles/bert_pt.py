@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ensembles.text import SentenceTransformerSource, TextServing, encoder_artifacts, text_ensemble
 from tritonpack.components import Artifact, ModelFolder, framework_model
+
+from .text import SentenceTransformerSource, TextServing, encoder_artifacts, text_ensemble
 
 NAME = "bert_pt"
 TARGETS = ("gpu", "cpu", "portable")

@@ -7,9 +7,10 @@ converted by tf2onnx on `onnxruntime_onnx` (any container). Tensor names are the
 
 from __future__ import annotations
 
-from ensembles.image import IMAGENET_1001, SERVING, image_ensemble, inception_artifacts
 from tritonpack.components import Artifact, ModelFolder, framework_model
 from tritonpack.spec import SpecError, Tensor
+
+from .image import IMAGENET_1001, SERVING, image_ensemble, inception_artifacts
 
 NAME = "dali_inception"
 TARGETS = ("gpu", "cpu", "portable")

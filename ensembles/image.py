@@ -63,7 +63,7 @@ def dali_pipeline(recipe_name: str, serving: ImageServing, cache: Path) -> DaliP
     """`model.dali` (CPU) and `dali.py` (GPU, autoserialized) for a recipe, cached by its source and settings."""
     import nvidia.dali
 
-    from build.serialize_dali import AUTOSERIALIZE_ENTRY, PIPELINE_SOURCE, serialize
+    from tritonpack.build.serialize_dali import AUTOSERIALIZE_ENTRY, PIPELINE_SOURCE, serialize
     from tritonpack.cache import cached_dir
 
     def produce(out: Path) -> None:
@@ -78,7 +78,7 @@ def dali_pipeline(recipe_name: str, serving: ImageServing, cache: Path) -> DaliP
 def image_ensemble(name: str, recipe_name: str, classifier: ModelFolder, labels: Path, target: str,
                    serving: ImageServing, cache: Path) -> list[ModelFolder]:
     """[ensemble, DALI preprocessing, classifier]; the classifier has one input and its scores as first output."""
-    from pipelines.classification import RECIPES
+    from tritonpack.pipelines.classification import RECIPES
 
     recipe = RECIPES[recipe_name]
     classes = sum(1 for line in labels.read_text().splitlines() if line.strip())
@@ -103,7 +103,7 @@ def image_ensemble(name: str, recipe_name: str, classifier: ModelFolder, labels:
 
 def resnet50_artifacts(weights: str | None, cache: Path) -> dict[str, Path]:
     """TorchScript and ONNX exports of ResNet-50, cached by the weights (or the exporter for random weights)."""
-    from build import export_resnet50
+    from tritonpack.build import export_resnet50
     from tritonpack.cache import cached_dir
 
     source = Path(weights) if weights else Path(export_resnet50.__file__)
@@ -115,7 +115,7 @@ def resnet50_artifacts(weights: str | None, cache: Path) -> dict[str, Path]:
 
 def inception_artifacts(graphdef: str | None, onnx: bool, cache: Path) -> dict[str, Path]:
     """The frozen Inception v3 graph (given or built offline) and, if asked, its ONNX conversion; cached."""
-    from build import export_inception
+    from tritonpack.build import export_inception
     from tritonpack.cache import cached_dir
 
     source = Path(graphdef) if graphdef else Path(export_inception.__file__)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from ensembles.image import IMAGENET_1000, SERVING, image_ensemble, resnet50_artifacts
 from tritonpack.components import Artifact, ModelFolder, framework_model
 from tritonpack.spec import Tensor
+
+from .image import IMAGENET_1000, SERVING, image_ensemble, resnet50_artifacts
 
 NAME = "resnet_pt"
 TARGETS = ("gpu", "cpu", "portable")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from ensembles.image import IMAGENET_1000, SERVING, image_ensemble, resnet50_artifacts
 from tritonpack.components import Artifact, ModelFolder, framework_model
 from tritonpack.spec import ModelWarmup, Tensor, WarmupInput
+
+from .image import IMAGENET_1000, SERVING, image_ensemble, resnet50_artifacts
 
 NAME = "resnet_trt"
 TARGETS = ("gpu", "portable")  # a plan runs only on the GPU it was built for; portable runs the plan's ONNX
@@ -33,8 +34,8 @@ def models(request, cache) -> list[ModelFolder]:
 
 def resnet50_plan(onnx, max_batch_size: int, fp16: bool, cache):
     """Profile over batch 1..max_batch_size (optimised for half of it) at 3x224x224."""
-    from build import build_tensorrt
-    from build.build_tensorrt import ShapeProfile, TensorRTUnavailable
+    from tritonpack.build import build_tensorrt
+    from tritonpack.build.build_tensorrt import ShapeProfile, TensorRTUnavailable
 
     shape = INPUT.dims
     profile = ShapeProfile(INPUT.name, (1, *shape), (max(1, max_batch_size // 2), *shape), (max_batch_size, *shape))

@@ -181,7 +181,7 @@ def text_ensemble(name: str, source: SentenceTransformerSource, encoder: ModelFo
 
 def encoder_artifacts(source: SentenceTransformerSource, cache: Path) -> dict[str, Path]:
     """ONNX and TorchScript exports of the encoder, cached by the source's files and the exporter settings."""
-    from build.export_text_encoder import export
+    from tritonpack.build.export_text_encoder import export
     from tritonpack.cache import cached_dir
 
     inputs = [t.name for t in source.encoder_inputs()]
@@ -197,7 +197,7 @@ def fused_encoder_onnx(source: SentenceTransformerSource, onnx: Path, cache: Pat
     """The ONNX export with ONNX Runtime's transformer fusions (for ONNX Runtime only), checked against PyTorch."""
     import onnxruntime
 
-    from build.export_text_encoder import fuse
+    from tritonpack.build.export_text_encoder import fuse
     from tritonpack.cache import cached_dir
 
     inputs = [t.name for t in source.encoder_inputs()]
@@ -213,7 +213,7 @@ def packed_encoder_onnx(source: SentenceTransformerSource, cache: Path, pooled: 
     """The encoder exported to take several sentences as one sequence (and with `pooled`, to return their mean-pooled
     embeddings, normalised as the source says), checked against PyTorch sentence by sentence (max abs diff ≤ 1e-4),
     cached like `encoder_artifacts`."""
-    from build.export_text_encoder import export_packed
+    from tritonpack.build.export_text_encoder import export_packed
     from tritonpack.cache import cached_dir
 
     inputs = [t.name for t in source.encoder_inputs()]
@@ -232,7 +232,7 @@ def openvino_encoder_onnx(source: SentenceTransformerSource, onnx: Path, precisi
     checked against PyTorch on this CPU (cosine ≥ 0.9999; the check is cached per OpenVINO version)."""
     import openvino
 
-    from build.export_text_encoder import check_openvino
+    from tritonpack.build.export_text_encoder import check_openvino
     from tritonpack.cache import cached_dir
 
     inputs = [t.name for t in source.encoder_inputs()]

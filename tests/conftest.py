@@ -30,7 +30,7 @@ def test_dist(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def build_ensemble(test_dist):
     """build_ensemble(name, target, **options) → BuildResult, built once per session per arguments."""
-    from tritonpack.build import BuildRequest, build
+    from tritonpack.builder import BuildRequest, build
 
     built = {}
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import BUILD_CACHE
-from tritonpack import hostile
+from tests.reliability import hostile
 from tritonpack.mme import LocalMME, parse_metrics
 from tritonpack.sagemaker_triton import TARGET_HEADER
 
@@ -79,7 +79,7 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_tarball(tiny_model, tmp_path_factory) -> Path:
     """The `bert` recipe's portable tarball for the tiny model (its own dist: names equal the real bert's)."""
-    from tritonpack.build import BuildRequest, build
+    from tritonpack.builder import BuildRequest, build
 
     dist = tmp_path_factory.mktemp("tiny-dist")
     BUILD_CACHE.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ import pytest
 
 from tests import mme_support
 from tritonpack import aws, cli
+from tritonpack.errors import UserError
 
 aws_env, moto_server = mme_support.aws_env, mme_support.moto_server  # shared session fixtures
 
@@ -72,7 +73,7 @@ def test_upload_goes_multipart_when_tarball_is_above_chunk_size(moto_server, s3,
 
 
 def test_upload_raises_when_destination_is_not_s3(tarball):
-    with pytest.raises(ValueError, match="s3://bucket/prefix"):
+    with pytest.raises(UserError, match="s3://bucket/prefix"):
         aws.upload([tarball], "bucket/prefix", progress=False)
 
 
@@ -80,7 +81,7 @@ def test_triton_image_uri_uses_region_account_when_region_is_published():
     assert aws.triton_image_uri("us-east-1", "24.09") == \
         "763104351884.dkr.ecr.us-east-1.amazonaws.com/sagemaker-tritonserver:24.09-py3"
     assert aws.triton_image_uri("cn-north-1", "24.05").startswith("727897471807.dkr.ecr.cn-north-1.amazonaws.com.cn/")
-    with pytest.raises(ValueError, match="no SageMaker Triton image"):
+    with pytest.raises(UserError, match="no SageMaker Triton image"):
         aws.triton_image_uri("mars-east-1")
 
 
@@ -134,5 +135,5 @@ def test_deploy_plan_has_no_scaling_calls_when_max_instances_not_given():
     calls = aws.deploy_plan(spec)
     assert [c.operation for c in calls] == ["create_model", "create_endpoint_config", "create_endpoint"]
     assert calls[0].params["PrimaryContainer"]["Environment"]["A"] == "1"
-    with pytest.raises(ValueError, match="s3://"):
+    with pytest.raises(UserError, match="s3://"):
         aws.DeploySpec("x", "b/p", ROLE, "eu-west-1")

@@ -50,7 +50,7 @@ def test_bench_smoke_writes_report_files_with_expected_keys_when_run(test_dist, 
 
 
 def test_serving_overrides_turn_dynamic_batching_off_when_given_as_strings():
-    from ensembles.text import TextServing
+    from tritonpack.ensembles.text import TextServing
     from tritonpack.spec import SpecError
 
     serving = TextServing().with_overrides((("dynamic_batching", "false"), ("encoder_instances", "2"),

@@ -24,8 +24,8 @@ MODEL = "resnet_pt_preprocess"
 @pytest.fixture(scope="module")
 def env_repository(tmp_path_factory) -> Path:
     """Only the DALI step of `resnet_pt` (portable), with the packed DALI env beside its config."""
-    from ensembles import resnet_pt
-    from tritonpack.build import BuildRequest
+    from tritonpack.builder import BuildRequest
+    from tritonpack.ensembles import resnet_pt
     from tritonpack.env import attach_environments
     from tritonpack.repository import write_repository
 

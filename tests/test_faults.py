@@ -18,9 +18,9 @@ from collections import Counter
 import pytest
 import requests
 
-from tritonpack import hostile
+from tests.reliability import hostile
+from tests.reliability.soak import group_members
 from tritonpack.server import TritonServer
-from tritonpack.soak import group_members
 
 VALID = hostile.text_request(["a sentence under fire"])
 

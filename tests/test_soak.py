@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import PROJECT_ROOT
-from tritonpack.soak import image_workload, soak, text_workload
+from tests.reliability.soak import image_workload, soak, text_workload
 
 IMAGE_ENSEMBLE = "resnet_pt"
 MAX_RSS_GROWTH = 0.05

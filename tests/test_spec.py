@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
-import ensembles
-from tritonpack.build import BuildRequest
+from tritonpack import ensembles
+from tritonpack.builder import BuildRequest
 from tritonpack.spec import (
     DynamicBatching,
     EnsembleStep,
@@ -123,7 +123,7 @@ def test_every_recipe_target_has_golden_files_when_buildable_here():
 
 
 def test_build_request_rejects_target_when_recipe_lacks_it():
-    with pytest.raises(ValueError, match="unknown target"):
+    with pytest.raises(SpecError, match="unknown target"):
         BuildRequest("bert", "tpu")
-    with pytest.raises(KeyError, match="unknown ensemble"):
+    with pytest.raises(SpecError, match="unknown ensemble"):
         BuildRequest("gpt", "cpu")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import BUILD_CACHE, ENV_CACHE
-from tritonpack.build import BuildRequest, build
+from tritonpack.builder import BuildRequest, build
 from tritonpack.check import check
 
 MANIFEST_KEYS = {"ensemble", "target", "sagemaker_triton_default_model_name", "build", "python_version",

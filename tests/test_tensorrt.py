@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from build.build_tensorrt import ShapeProfile, TensorRTUnavailable, require_tensorrt
-from tritonpack.build import BuildRequest, build, default_target
+from tritonpack.build.build_tensorrt import ShapeProfile, TensorRTUnavailable, require_tensorrt
+from tritonpack.builder import BuildRequest, build, default_target
 
 try:
     import tensorrt  # noqa: F401

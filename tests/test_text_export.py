@@ -9,10 +9,10 @@ import numpy as np
 import onnx
 import pytest
 
-from build.export_text_encoder import max_diff_on_real_tokens
-from ensembles.text import SentenceTransformerSource, encoder_artifacts
-from tritonpack.build import BuildRequest, build
+from tritonpack.build.export_text_encoder import max_diff_on_real_tokens
+from tritonpack.builder import BuildRequest, build
 from tritonpack.client import embed
+from tritonpack.ensembles.text import SentenceTransformerSource, encoder_artifacts
 from tritonpack.server import TritonServer
 from tritonpack.spec import SpecError
 
@@ -87,8 +87,8 @@ def test_bert_serves_any_local_sentence_transformers_model_when_model_dir_is_giv
 def test_packed_export_gives_each_sentence_its_unpacked_embeddings_when_sentences_share_a_sequence(test_dist):
     import onnxruntime as ort
 
-    from build.export_text_encoder import pack, unpack
-    from ensembles.text import packed_encoder_onnx
+    from tritonpack.build.export_text_encoder import pack, unpack
+    from tritonpack.ensembles.text import packed_encoder_onnx
 
     source = SentenceTransformerSource.resolve(None)
     packed_path = packed_encoder_onnx(source, test_dist / "cache")
@@ -114,8 +114,8 @@ def test_pooled_packed_export_gives_sentence_transformers_embeddings_when_senten
     from sentence_transformers import SentenceTransformer
     from tokenizers import Tokenizer
 
-    from build.export_text_encoder import pack
-    from ensembles.text import packed_encoder_onnx
+    from tritonpack.build.export_text_encoder import pack
+    from tritonpack.ensembles.text import packed_encoder_onnx
 
     source = SentenceTransformerSource.resolve(None)
     session = ort.InferenceSession(str(packed_encoder_onnx(source, test_dist / "cache", pooled=True)))

@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from ensembles.text import SentenceTransformerSource
 from tritonpack.components import MODELS_DIR
+from tritonpack.ensembles.text import SentenceTransformerSource
 
 sys.path[:0] = [str(MODELS_DIR / "tokenizer"), str(MODELS_DIR / "shared")]
 from batched_requests import ClientError  # noqa: E402

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from tritonpack.errors import UserError
+
 # Modules that add their own subcommand with `add_command(subparsers)`.
 COMMAND_MODULES: tuple[str, ...] = ("tritonpack.mme", "tritonpack.check", "tritonpack.env", "tritonpack.aws",
                                      "tritonpack.bench")
@@ -17,23 +19,16 @@ DEMO_TEXTS = ["tritonpack turns notebooks into Triton repositories.", "A second,
 
 
 def cmd_build(args) -> int:
-    from tritonpack.build import BuildRequest, build, default_target
+    from tritonpack.builder import BuildRequest, build, default_target
 
     target = args.target
     if not target:
         target, reason = default_target()
         print(reason, file=sys.stderr)
-    from build.build_tensorrt import TensorRTUnavailable
-    from tritonpack.spec import SpecError
-
-    try:
-        result = build(BuildRequest(args.name, target, model=args.model, weights=args.weights, fp16=args.fp16,
-                                    model_format=args.model_format, env=args.env, env_python=args.env_python,
-                                    dist=Path(args.dist),
-                                    serving=tuple(tuple(kv.split("=", 1)) for kv in args.serving or ())))
-    except (TensorRTUnavailable, SpecError, ValueError) as e:  # one line, no traceback, for what the user can fix
-        print(f"error: {args.name} ({target}): {e}", file=sys.stderr)
-        return 2
+    serving = tuple(tuple(kv.split("=", 1)) for kv in args.serving or ())
+    result = build(BuildRequest(args.name, target, model=args.model, weights=args.weights, fp16=args.fp16,
+                                model_format=args.model_format, env=args.env, env_python=args.env_python,
+                                dist=Path(args.dist), serving=serving))
     print(f"repository: {result.repository}\ntarball:    {result.tarball}", flush=True)
     if args.smoke:
         args.repository, args.http_port, args.grpc_port, args.metrics_port = result.repository, 0, 0, 0
@@ -49,7 +44,7 @@ def repository_entry(repo: Path) -> tuple[str, str]:
         cfg = parse_config(config.read_text())
         if cfg.platform == "ensemble":
             return cfg.name, cfg.input[0].name
-    raise SystemExit(f"{repo}: no ensemble found (a folder whose config.pbtxt says platform: \"ensemble\")")
+    raise UserError(f"{repo}: no ensemble found (a folder whose config.pbtxt says platform: \"ensemble\")")
 
 
 def demo_request(url: str, repo: Path) -> None:
@@ -98,19 +93,17 @@ def cmd_infer(args) -> int:
     if args.file:
         texts += Path(args.file).read_text().splitlines()
     if not texts:
-        raise SystemExit("give texts as arguments or --file")
+        raise UserError("give texts as arguments or --file")
     if args.mme:  # a SageMaker multi-model endpoint (local `tritonpack mme` or real) through boto3
         from tritonpack.payloads import embed_texts
 
         if not args.target_model:
-            raise SystemExit("--mme needs --target-model (the tarball to invoke)")
-        from botocore.exceptions import BotoCoreError, ClientError
+            raise UserError("--mme needs --target-model (the tarball to invoke)")
+        from tritonpack.aws import aws_errors
 
-        try:
+        with aws_errors(f"invoke {args.target_model}"):
             vectors = embed_texts(texts, args.target_model, fmt=args.format, endpoint_name=args.endpoint_name,
                                   endpoint_url=None if args.mme == "aws" else args.mme)
-        except (ClientError, BotoCoreError) as e:
-            raise SystemExit(f"{args.target_model}: {e}") from None
         args.model = args.target_model
     else:
         vectors = embed(args.url, args.model, texts)
@@ -125,8 +118,8 @@ def cmd_infer(args) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    from ensembles import NAMES
     from tritonpack.components import TARGETS
+    from tritonpack.ensembles import NAMES
 
     p = argparse.ArgumentParser(prog="tritonpack", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -178,8 +171,17 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tritonpack.errors import TritonpackError, UserError
+
     args = parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UserError as e:  # the user's to fix: one line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except TritonpackError as e:  # an operation that failed; its message names the log
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import ensembles
+from tritonpack import ensembles
 from tritonpack.components import TARGETS
 from tritonpack.env import attach_environments, manifest_fields
 from tritonpack.repository import write_repository, write_tarball
@@ -31,10 +31,10 @@ class BuildRequest:
     def __post_init__(self) -> None:
         recipe = ensembles.recipe(self.name)
         if self.target not in TARGETS:
-            raise ValueError(f"unknown target {self.target!r}; one of {', '.join(TARGETS)}")
+            raise SpecError(f"unknown target {self.target!r}; one of {', '.join(TARGETS)}")
         object.__setattr__(self, "serving", tuple((str(k), str(v)) for k, v in dict(self.serving).items()))
         if self.target not in recipe.TARGETS:
-            raise ValueError(f"{self.name} has no {self.target} target; it has {', '.join(recipe.TARGETS)}")
+            raise SpecError(f"{self.name} has no {self.target} target; it has {', '.join(recipe.TARGETS)}")
 
     @property
     def slug(self) -> str:

@@ -506,7 +506,7 @@ class Bench:
     # ---- building and serving -----------------------------------------------------------------------------
     def build_variant(self, label: str, name: str = "bert", serving: tuple[tuple[str, str], ...] = ()):
         """Build `name` (portable) into dist/bench/repos/<label>/, sharing the export cache with `make build`."""
-        from tritonpack.build import BuildRequest, build
+        from tritonpack.builder import BuildRequest, build
 
         dist = self.out / "repos" / label
         dist.mkdir(parents=True, exist_ok=True)
@@ -542,7 +542,7 @@ class Bench:
     # ---- P1, P2, P3 -----------------------------------------------------------------------------------------
     def text(self) -> None:
         s = self.settings
-        from ensembles.text import SentenceTransformerSource
+        from tritonpack.ensembles.text import SentenceTransformerSource
 
         source = SentenceTransformerSource.resolve(None)
         default = self.build_variant("default")

@@ -13,8 +13,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tritonpack.errors import UserError
 
 MIB = 1024 * 1024
 TAR_SUFFIX = ".tar.gz"
@@ -36,10 +39,24 @@ TRITON_ACCOUNTS = {
 VARIANT = "AllTraffic"
 
 
+@contextmanager
+def aws_errors(what: str):
+    """An error the AWS API (or botocore) reports becomes one line naming the call, the code and AWS's reason."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except ClientError as e:
+        error = e.response.get("Error", {})
+        raise UserError(f"{what}: AWS refused it: {error.get('Code', 'error')}: {error.get('Message', e)}") from None
+    except BotoCoreError as e:
+        raise UserError(f"{what}: {e}") from None
+
+
 def split_s3_url(url: str) -> tuple[str, str]:
     """`s3://bucket/prefix/` → (bucket, "prefix/"); the prefix is empty or ends with '/'."""
     if not url.startswith("s3://") or not url[5:].split("/", 1)[0]:
-        raise ValueError(f"expected s3://bucket/prefix/, got {url!r}")
+        raise UserError(f"expected s3://bucket/prefix/, got {url!r}")
     bucket, _, prefix = url[5:].partition("/")
     prefix = prefix.strip("/")
     return bucket, f"{prefix}/" if prefix else ""
@@ -48,7 +65,7 @@ def split_s3_url(url: str) -> tuple[str, str]:
 def triton_image_uri(region: str, version: str = DEFAULT_TRITON_VERSION) -> str:
     """The SageMaker Triton container image for `region` and container `version` (e.g. 24.09)."""
     if region not in TRITON_ACCOUNTS:
-        raise ValueError(f"no SageMaker Triton image is published in {region!r}; regions: "
+        raise UserError(f"no SageMaker Triton image is published in {region!r}; regions: "
                          f"{', '.join(sorted(TRITON_ACCOUNTS))}")
     domain = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
     return f"{TRITON_ACCOUNTS[region]}.dkr.ecr.{region}.{domain}/{TRITON_REPOSITORY}:{version}-py3"
@@ -131,7 +148,7 @@ def upload(tarballs: Sequence[Path], destination: str, copies: int = 1, endpoint
         if not tarball.is_file():
             raise FileNotFoundError(f"{tarball}: no such file")
     if copies < 1:
-        raise ValueError("--copies must be at least 1")
+        raise UserError("--copies must be at least 1")
     client = client or boto3.client("s3", endpoint_url=endpoint_url)
     config = TransferConfig(multipart_threshold=chunk_bytes, multipart_chunksize=chunk_bytes,
                             max_concurrency=threads, use_threads=True)
@@ -166,8 +183,9 @@ def upload(tarballs: Sequence[Path], destination: str, copies: int = 1, endpoint
 
 
 def cmd_upload(args) -> int:
-    result = upload([Path(t) for t in args.tarballs], args.destination, copies=args.copies,
-                    endpoint_url=args.endpoint_url, threads=args.threads, progress=not args.quiet)
+    with aws_errors("upload"):
+        result = upload([Path(t) for t in args.tarballs], args.destination, copies=args.copies,
+                        endpoint_url=args.endpoint_url, threads=args.threads, progress=not args.quiet)
     for url in result.urls if args.list else result.urls[:3]:
         print(url)
     if not args.list and len(result.urls) > 3:
@@ -209,11 +227,11 @@ class DeploySpec:
     def __post_init__(self) -> None:
         split_s3_url(self.model_data_url)
         if self.scaling_metric not in ("gpu", "invocations"):
-            raise ValueError(f"scaling metric {self.scaling_metric!r}: gpu or invocations")
+            raise UserError(f"scaling metric {self.scaling_metric!r}: gpu or invocations")
         if self.max_instances and self.max_instances < self.min_instances:
-            raise ValueError("--max-instances must be at least --min-instances")
+            raise UserError("--max-instances must be at least --min-instances")
         if self.instance_count < 1:
-            raise ValueError("--instance-count must be at least 1")
+            raise UserError("--instance-count must be at least 1")
 
 
 def deploy_plan(spec: DeploySpec) -> list[Call]:
@@ -285,7 +303,8 @@ def run_plan(calls: Sequence[Call], region: str, endpoint_url: str | None = None
         if call.service not in clients:
             clients[call.service] = (client_factory or boto3.client)(call.service, region_name=region,
                                                                     endpoint_url=endpoint_url)
-        response = getattr(clients[call.service], call.operation)(**call.params)
+        with aws_errors(f"{call.service}.{call.operation}"):
+            response = getattr(clients[call.service], call.operation)(**call.params)
         responses.append(response)
         created = response.get(CREATED.get(call.operation, ""), "")
         what = created or call.params.get("PolicyName") or call.params.get("ResourceId", "")

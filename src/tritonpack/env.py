@@ -29,10 +29,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tritonpack import CARD_ROOT
 from tritonpack.archive import normalise_name
-from tritonpack.components import PROJECT_ROOT, ModelFolder
+from tritonpack.components import ModelFolder
+from tritonpack.errors import EnvError
 
-ENVS_DIR = PROJECT_ROOT / "envs"
+ENVS_DIR = CARD_ROOT / "envs"
 ENV_PARAMETER = "EXECUTION_ENV_PATH"
 FIXED_MTIME = 0
 LOCAL_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -86,10 +88,6 @@ def extra_strip(name: str, python: str) -> re.Pattern | None:
 
 # Modules imported after packing to prove the env works (beyond PROVIDES, whose top-level `nvidia` proves nothing).
 IMPORT_CHECK: dict[str, tuple[str, ...]] = {"dali": ("nvidia.dali", "nvidia.nvimgcodec")}
-
-
-class EnvError(ValueError):
-    """An environment that cannot be built as asked (the CLI prints it as one line)."""
 
 
 def _version_key(version: str) -> tuple[int, int]:
@@ -461,13 +459,9 @@ def add_command(subparsers) -> None:
 
 
 def cmd_env(args) -> int:
-    try:
-        python = args.python or (container_python(args.container) if args.container else None)
-        packed = [pack_env(name, Path(args.out), python=python, method=args.method, force=args.force)
-                  for name in args.names or ["text", "openvino", "onnx"]]
-    except EnvError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    python = args.python or (container_python(args.container) if args.container else None)
+    packed = [pack_env(name, Path(args.out), python=python, method=args.method, force=args.force)
+              for name in args.names or ["text", "openvino", "onnx"]]
     for env in packed:
         meta = json.loads(env.path.with_suffix("").with_suffix(".json").read_text())
         print(f"{env.path}: Python {env.python}, {meta['compressed_bytes'] / 1e6:.1f} MB compressed, "

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, replace
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from tritonpack.errors import SpecError
+
 DATA_TYPES = frozenset(mc.DataType.keys()) - {"TYPE_INVALID"}
 KINDS = frozenset({"KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL"})
 # numpy dtype name for each Triton dtype we exchange between steps (TYPE_STRING travels as bytes objects).
@@ -24,10 +26,6 @@ NUMPY_DTYPES = {
     "TYPE_FP64": "float64",
     "TYPE_STRING": "object",
 }
-
-
-class SpecError(ValueError):
-    """A spec that Triton would reject, caught before anything is written."""
 
 
 def _frozen_map(value: Mapping[str, str]) -> tuple[tuple[str, str], ...]:

@@ -21,11 +21,9 @@ from contextlib import closing, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tritonpack.errors import ServerError
+
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
-
-
-class ServerError(RuntimeError):
-    pass
 
 
 def pytriton_root() -> Path:

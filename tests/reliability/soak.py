@@ -4,7 +4,7 @@ Measures what the reliability contract promises (README, "Reliability"): no vali
 answer, hostile ones get the answer `tritonpack.hostile` records, server + stub RSS after warm-up stays
 flat, and after shutdown no process of the server's group and none of its /dev/shm regions are left.
 
-    python -m tritonpack.soak dist/bert-portable --requests 10000 --concurrency 8
+    python -m tests.reliability.soak dist/bert-portable --requests 10000 --concurrency 8
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tritonpack import hostile
+from tests.reliability import hostile
 from tritonpack.server import TritonServer
 
 STATUS_CLASS = {"2xx": range(200, 300), "4xx": range(400, 500), "5xx": range(500, 600)}
@@ -324,7 +324,7 @@ def group_members(pgid: int) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tritonpack.soak", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.reliability.soak", description=__doc__.splitlines()[0])
     parser.add_argument("repository", type=Path)
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=8)

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritonpack.errors import ArchiveError
+
 GIB = 1 << 30
 
 
@@ -45,14 +47,6 @@ class ArchiveLimits:
     def __post_init__(self) -> None:
         if min(self.max_members, self.max_total_bytes, self.max_member_bytes, self.max_ratio) <= 0:
             raise ValueError("archive limits must be positive")
-
-
-class ArchiveError(ValueError):
-    """An archive refused before extraction; `problems` says why."""
-
-    def __init__(self, problems: list[Problem]):
-        self.problems = list(problems)
-        super().__init__("\n".join(str(p) for p in self.problems) or "archive refused")
 
 
 class _LimitExceeded(Exception):

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from tritonpack import CARD_ROOT
 from tritonpack.spec import DynamicBatching, InstanceGroup, ModelSpec, SpecError, Tensor
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-MODELS_DIR = PROJECT_ROOT / "models"
+MODELS_DIR = CARD_ROOT / "models"
 TARGETS = ("gpu", "cpu", "portable")
 VERSION = "1"
 

@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tritonpack.errors import TritonpackError
 from tritonpack.server import ServerError, TritonServer, free_port
 
 TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
@@ -23,7 +24,7 @@ SHM_DEFAULT_BYTES = 16 * 1024 * 1024
 SHM_GROWTH_BYTES = 1024 * 1024
 
 
-class TritonUnavailable(ConnectionError):
+class TritonUnavailable(TritonpackError, ConnectionError):
     """The SageMaker front-end did not answer (the server is down or dying)."""
 
 

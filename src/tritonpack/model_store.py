@@ -15,10 +15,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from tritonpack.errors import TritonpackError
+
 MAX_TARGET_LENGTH = 1024  # SageMaker's limit on TargetModel
 
 
-class TargetError(LookupError):
+class TargetError(TritonpackError):
     """The target cannot be served: `status` is the HTTP status to answer with."""
 
     def __init__(self, status: int, message: str, problems: list | None = None):

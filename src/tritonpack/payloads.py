@@ -16,14 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tritonpack.errors import PayloadError
+
 JSON = "application/json"
 BINARY_JSON = "application/vnd.sagemaker-triton.binary+json"
 HEADER_SIZE = "json-header-size="
 FORMATS = ("json", "binary")
-
-
-class PayloadError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)

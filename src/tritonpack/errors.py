@@ -1,0 +1,41 @@
+"""One error hierarchy. The command line prints a `UserError` as one line and exits 2; any other `TritonpackError`
+(an operation that failed, such as a server that would not start) as one line naming its log, exit 1; anything
+else is a bug and keeps its traceback."""
+
+from __future__ import annotations
+
+
+class TritonpackError(Exception):
+    """Base of every error tritonpack raises on purpose."""
+
+
+class UserError(TritonpackError):
+    """A mistake in what the user asked for, or a limit of their environment; the message says what to do."""
+
+
+class SpecError(UserError):
+    """A recipe, serving setting or spec that Triton would reject, caught before anything is written."""
+
+
+class EnvError(UserError):
+    """An environment that cannot be built or packed as asked."""
+
+
+class ToolUnavailable(UserError):
+    """A tool a step needs is missing here (TensorRT, a CUDA GPU, a native backend)."""
+
+
+class ArchiveError(UserError):
+    """A tarball that is unsafe or unreadable; `problems` name the member, field and reason."""
+
+    def __init__(self, problems: list):
+        self.problems = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems) or "archive refused")
+
+
+class PayloadError(UserError):
+    """A request or response body that does not follow the KServe v2 protocol."""
+
+
+class ServerError(TritonpackError):
+    """tritonserver failed to start, answer or stop; the message names its log."""
