@@ -52,7 +52,7 @@ def test_dali_runner_serves_same_pixels_from_packed_env_when_env_is_attached(env
     import tritonclient.http as http
     from tritonclient.utils import InferenceServerException
 
-    from tritonpack.client import image_input
+    from tritonpack.client import image_inputs
     from tritonpack.server import TritonServer
     from tritonpack.spec import parse_config
 
@@ -64,12 +64,12 @@ def test_dali_runner_serves_same_pixels_from_packed_env_when_env_is_attached(env
         client = http.InferenceServerClient(server.url, network_timeout=120)
         try:
             for kind, image in image_kinds().items():
-                answer = client.infer(MODEL, [image_input([image])],
+                answer = client.infer(MODEL, image_inputs([image]),
                                       outputs=[http.InferRequestedOutput("PIXELS", binary_data=True)])
                 np.testing.assert_allclose(answer.as_numpy("PIXELS")[0], preprocess_in_process(model_dali, image),
                                            rtol=1e-6, atol=1e-6, err_msg=kind)
             with pytest.raises(InferenceServerException, match="could not be decoded") as bad:
-                client.infer(MODEL, [image_input([bad_payloads()["truncated_jpeg"]])])
+                client.infer(MODEL, image_inputs([bad_payloads()["truncated_jpeg"]]))
             assert bad.value.status() == "400"
             assert server.is_ready()
         finally:

@@ -17,7 +17,7 @@ import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
 from tests.images import bad_payloads, image_kinds
-from tritonpack.client import classify, image_input, sample_image, scores
+from tritonpack.client import classify, image_inputs, sample_image, scores
 from tritonpack.spec import parse_config
 
 pytestmark = pytest.mark.server
@@ -165,7 +165,7 @@ def test_served_ensemble_error_names_the_input_without_traceback_when_bytes_are_
     client = http.InferenceServerClient(server.url)
     try:
         with pytest.raises(InferenceServerException) as raised:
-            client.infer("resnet_pt", [image_input([b"GIF89a but not really"])])
+            client.infer("resnet_pt", image_inputs([b"GIF89a but not really"]))
     finally:
         client.close()
     message = str(raised.value)

@@ -26,7 +26,7 @@ from tests.mme_support import HostileProbe, link_or_copy, metrics, runtime_for, 
 from tests.reliability import hostile
 from tests.test_hostile_inputs import TEXT_CASES
 from tests.texts import SENTENCES, assert_embeddings_match
-from tritonpack import aws, payloads
+from tritonpack import aws, codec, payloads
 from tritonpack.mme import LocalMME
 
 pytestmark = pytest.mark.server
@@ -193,7 +193,7 @@ def test_local_mme_answers_400_naming_the_problem_when_tarball_is_bad(mme, runti
 
 
 def test_local_mme_propagates_triton_400_when_request_names_an_unknown_input(mme, runtime):
-    body = payloads.build_payload({"NOPE": np.array([[b"x"]], dtype=np.object_)}, ["EMBEDDING"], "json")
+    body = codec.request_body({"NOPE": np.array([[b"x"]], dtype=np.object_)}, ["EMBEDDING"], "json")
     status, code, message = error_of(lambda: runtime.invoke_endpoint(
         EndpointName="local", TargetModel="tiny-a.tar.gz", Body=body.body, ContentType=body.content_type))
     assert (status, code) == (400, "ModelError") and "NOPE" in message

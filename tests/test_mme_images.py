@@ -18,7 +18,7 @@ from tests.mme_support import HostileProbe, models_folder, runtime_for, timing
 from tests.reliability import hostile
 from tests.test_hostile_inputs import image_cases
 from tests.test_image_served import MAX_REL_DIFF, max_rel_diff
-from tritonpack import payloads
+from tritonpack import codec, payloads
 
 pytestmark = pytest.mark.server
 aws_env, local_mme = mme_support.aws_env, mme_support.local_mme
@@ -52,7 +52,7 @@ def test_local_mme_scores_equal_direct_run_when_image_tarball_is_invoked_through
     started = time.monotonic()
     body, content_type = invoke(runtime, name, payloads.image_payload([image_kinds()[k] for k in KINDS], fmt))
     timing(f"mme_{name}_{fmt}_call_s", time.monotonic() - started)  # the first format's call is the cold start
-    assert content_type.startswith(payloads.BINARY_JSON if fmt == "binary" else payloads.JSON)
+    assert content_type.startswith(codec.BINARY_JSON if fmt == "binary" else codec.JSON)
     rows = payloads.scores(body, content_type)
     assert rows.shape[0] == len(KINDS)
     for kind, row in zip(KINDS, rows):

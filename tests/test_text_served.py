@@ -13,7 +13,7 @@ import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
 from tests.texts import SENTENCES, assert_embeddings_match
-from tritonpack.client import embed, text_input
+from tritonpack.client import embed, text_inputs
 
 pytestmark = pytest.mark.server
 
@@ -101,8 +101,8 @@ def test_served_ensemble_answers_400_for_that_request_only_when_text_is_not_utf8
     server = served(name)
     client = http.InferenceServerClient(server.url, concurrency=4)
     try:
-        bad = client.async_infer(name, [text_input([b"fine", b"\xff\xfe broken"])])
-        goods = [client.async_infer(name, [text_input([s])]) for s in SENTENCES[:6]]
+        bad = client.async_infer(name, text_inputs([b"fine", b"\xff\xfe broken"]))
+        goods = [client.async_infer(name, text_inputs([s])) for s in SENTENCES[:6]]
         with pytest.raises(InferenceServerException) as error:
             bad.get_result()
         assert error.value.status() == "400"

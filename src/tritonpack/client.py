@@ -1,66 +1,58 @@
-"""Talk to a served ensemble with tritonclient (binary tensors over HTTP)."""
+"""Talk to a served ensemble with tritonclient (binary tensors over HTTP); tensors follow `tritonpack.contracts`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-
-def text_input(texts: Sequence[str | bytes]):
-    import tritonclient.http as http
-
-    values = np.array([[t.encode() if isinstance(t, str) else t] for t in texts], dtype=object)
-    tensor = http.InferInput("TEXT", list(values.shape), "BYTES")
-    tensor.set_data_from_numpy(values, binary_data=True)
-    return tensor
+from tritonpack import contracts
+from tritonpack.codec import infer_inputs, requested_outputs
 
 
-def infer_one(url: str, model: str, tensor, output: str, client=None, **output_options) -> np.ndarray:
-    """One request with one input tensor; the named output as numpy (a client is opened if none is given)."""
+def infer(url: str, model: str, arrays: Mapping[str, np.ndarray], output: str, client=None,
+          class_count: int = 0) -> np.ndarray:
+    """One request with the named input arrays; the named output as numpy (a client is opened if none is given)."""
     import tritonclient.http as http
 
     own = client is None
     client = client or http.InferenceServerClient(url)
     try:
-        requested = http.InferRequestedOutput(output, binary_data=True, **output_options)
-        return client.infer(model, [tensor], outputs=[requested]).as_numpy(output)
+        result = client.infer(model, infer_inputs(arrays), outputs=requested_outputs([output], class_count=class_count))
+        return result.as_numpy(output)
     finally:
         if own:
             client.close()
 
 
-def embed(url: str, model: str, texts: Sequence[str | bytes], client=None) -> np.ndarray:
-    """EMBEDDING rows for `texts`, sent as one request."""
-    return infer_one(url, model, text_input(texts), "EMBEDDING", client)
+def text_inputs(texts: Sequence[str | bytes], io: contracts.IoNames = contracts.TEXT) -> list:
+    """tritonclient inputs for one request of `texts` (for callers that drive a client themselves)."""
+    return infer_inputs({io.input: contracts.text_array(texts)})
 
 
-def image_input(images: Sequence[bytes], name: str = "IMAGE"):
-    """Encoded images as one UINT8 [n, longest] tensor, zero-padded (decoders stop at the image's end marker)."""
-    import tritonclient.http as http
-
-    if not images:
-        raise ValueError("no images to send")
-    longest = max(len(image) for image in images)
-    values = np.zeros((len(images), longest), dtype=np.uint8)
-    for row, image in zip(values, images):
-        row[:len(image)] = np.frombuffer(image, dtype=np.uint8)
-    tensor = http.InferInput(name, list(values.shape), "UINT8")
-    tensor.set_data_from_numpy(values, binary_data=True)
-    return tensor
+def image_inputs(images: Sequence[bytes], io: contracts.IoNames = contracts.IMAGE) -> list:
+    return infer_inputs({io.input: contracts.image_array(images)})
 
 
-def scores(url: str, model: str, images: Sequence[bytes], client=None) -> np.ndarray:
-    """SCORES rows (FP32 [n, classes]) for `images`, sent as one request."""
-    return infer_one(url, model, image_input(images), "SCORES", client)
+def embed(url: str, model: str, texts: Sequence[str | bytes], client=None,
+          io: contracts.IoNames = contracts.TEXT) -> np.ndarray:
+    """Embedding rows for `texts`, sent as one request."""
+    return infer(url, model, {io.input: contracts.text_array(texts)}, io.output, client)
 
 
-def classify(url: str, model: str, images: list[bytes], class_count: int = 5, client=None) -> list[list[str]]:
+def scores(url: str, model: str, images: Sequence[bytes], client=None,
+           io: contracts.IoNames = contracts.IMAGE) -> np.ndarray:
+    """Score rows (FP32 [n, classes]) for encoded `images`, sent as one request."""
+    return infer(url, model, {io.input: contracts.image_array(images)}, io.output, client)
+
+
+def classify(url: str, model: str, images: list[bytes], class_count: int = 5, client=None,
+             io: contracts.IoNames = contracts.IMAGE) -> list[list[str]]:
     """Top `class_count` classes per image through Triton's classification extension, best first.
 
     Each entry is Triton's "score:index:label" string (the label comes from the model's `label_filename`).
     """
-    result = infer_one(url, model, image_input(images), "SCORES", client, class_count=class_count)
+    result = infer(url, model, {io.input: contracts.image_array(images)}, io.output, client, class_count=class_count)
     return [[v.decode() if isinstance(v, bytes) else str(v) for v in row] for row in result.reshape(len(images), -1)]
 
 

@@ -445,7 +445,8 @@ class ModelManager:
 # ---- gateway --------------------------------------------------------------------------------------------------
 def request_problem(body: bytes, content_type: str | None) -> str | None:
     """Why an invocation body is not a well-formed KServe v2 request (JSON or binary+json); None if it is."""
-    from tritonpack.payloads import PayloadError, header_size
+    from tritonpack.codec import header_size
+    from tritonpack.errors import PayloadError
     from tritonpack.request_guard import infer_request_problem
 
     try:

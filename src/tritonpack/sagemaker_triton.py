@@ -36,7 +36,7 @@ class Reply:
 
     @property
     def message(self) -> str:
-        from tritonpack.payloads import error_message
+        from tritonpack.codec import error_message
 
         return error_message(self.body) if self.body else f"HTTP {self.status}"
 

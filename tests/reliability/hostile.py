@@ -18,7 +18,9 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-HEADER_LENGTH = "Inference-Header-Content-Length"
+from tritonpack import contracts
+from tritonpack.codec import HEADER_LENGTH, Payload, request_body
+
 BOMB_SIDE = 20000
 
 
@@ -63,13 +65,20 @@ def bytes_elements(values: list[bytes]) -> bytes:
     return b"".join(struct.pack("<I", len(v)) + v for v in values)
 
 
-def text_request(texts: list[str | bytes], input_name: str = "TEXT") -> RawRequest:
-    values = [t.encode() if isinstance(t, str) else t for t in texts]
-    return binary_request([(input_name, "BYTES", [len(values), 1], bytes_elements(values))])
+def valid_request(payload: Payload) -> RawRequest:
+    """A well-formed request as a direct Triton client sends it (the codec's body and headers)."""
+    return RawRequest(payload.body, payload.triton_headers())
 
 
-def image_request(image: bytes, input_name: str = "IMAGE") -> RawRequest:
-    return binary_request([(input_name, "UINT8", [1, len(image)], image)])
+def text_request(texts: list[str | bytes], io: contracts.IoNames = contracts.TEXT) -> RawRequest:
+    """Binary inputs, the output asked for as JSON (what the reliability suites read back)."""
+    return valid_request(request_body({io.input: contracts.text_array(texts)}, [io.output], "binary",
+                                      binary_outputs=False))
+
+
+def image_request(image: bytes, io: contracts.IoNames = contracts.IMAGE) -> RawRequest:
+    return valid_request(request_body({io.input: contracts.image_array([image])}, [io.output], "binary",
+                                      binary_outputs=False))
 
 
 def structural_cases(input_name: str, datatype: str, valid_shape: list[int], valid_data: list) -> list[HostileCase]:
@@ -110,7 +119,7 @@ def sagemaker_form(request: RawRequest) -> RawRequest:
     if length is None:
         return request
     headers = {k: v for k, v in request.headers.items() if k not in (HEADER_LENGTH, "Content-Type")}
-    headers["Content-Type"] = f"application/vnd.sagemaker-triton.binary+json;json-header-size={length}"
+    headers["Content-Type"] = Payload(request.body, int(length)).content_type
     return RawRequest(request.body, headers)
 
 
@@ -118,16 +127,18 @@ def _with_header(request: RawRequest, length) -> RawRequest:
     return RawRequest(request.body, request.headers | {HEADER_LENGTH: str(length(len(request.body)))})
 
 
-def text_cases(max_text_bytes: int = 65536, max_batch: int = 64, input_name: str = "TEXT") -> list[HostileCase]:
+def text_cases(max_text_bytes: int = 65536, max_batch: int = 64,
+               io: contracts.IoNames = contracts.TEXT) -> list[HostileCase]:
+    input_name = io.input
     invalid = bytes_elements([b"\xff\xfe\xfa"])
     return structural_cases(input_name, "BYTES", [1, 1], ["hello"]) + [
         HostileCase("empty_batch", json_request([{"name": input_name, "shape": [0, 1], "datatype": "BYTES",
                                                   "data": []}])),
         HostileCase("invalid_utf8", binary_request([(input_name, "BYTES", [1, 1], invalid)])),
-        HostileCase("text_over_limit", text_request(["x" * (max_text_bytes + 1)], input_name)),
-        HostileCase("text_1mb", text_request(["x" * 1_000_000], input_name)),
-        HostileCase("batch_over_max", text_request(["a"] * (max_batch + 1), input_name)),
-        HostileCase("batch_100k", text_request(["a"] * 100_000, input_name)),
+        HostileCase("text_over_limit", text_request(["x" * (max_text_bytes + 1)], io)),
+        HostileCase("text_1mb", text_request(["x" * 1_000_000], io)),
+        HostileCase("batch_over_max", text_request(["a"] * (max_batch + 1), io)),
+        HostileCase("batch_100k", text_request(["a"] * 100_000, io)),
         HostileCase("truncated_binary", _truncate(binary_request([(input_name, "BYTES", [1, 1], invalid)]), 2)),
         HostileCase("bytes_length_overrun", binary_request([(input_name, "BYTES", [1, 1],
                                                              struct.pack("<I", 1000) + b"abc")])),
@@ -135,7 +146,8 @@ def text_cases(max_text_bytes: int = 65536, max_batch: int = 64, input_name: str
     ]
 
 
-def image_cases(valid_jpeg: bytes, input_name: str = "IMAGE") -> list[HostileCase]:
+def image_cases(valid_jpeg: bytes, io: contracts.IoNames = contracts.IMAGE) -> list[HostileCase]:
+    input_name = io.input
     payloads = {
         "random_bytes": lambda: random.Random(6).randbytes(4096),
         "truncated_jpeg": lambda: valid_jpeg[: len(valid_jpeg) // 2],
@@ -144,10 +156,10 @@ def image_cases(valid_jpeg: bytes, input_name: str = "IMAGE") -> list[HostileCas
         "jpeg_bomb_header": lambda: jpeg_claiming(valid_jpeg, BOMB_SIDE, BOMB_SIDE),
         "png_bomb": lambda: png_bomb(BOMB_SIDE, BOMB_SIDE),
     }
-    cases = [HostileCase(name, functools.partial(lambda make: image_request(make(), input_name), make))
+    cases = [HostileCase(name, functools.partial(lambda make: image_request(make(), io), make))
              for name, make in payloads.items()]
     cases.append(HostileCase("zero_size", binary_request([(input_name, "UINT8", [1, 0], b"")])))
-    cases.append(HostileCase("truncated_binary", _truncate(image_request(valid_jpeg, input_name), 100)))
+    cases.append(HostileCase("truncated_binary", _truncate(image_request(valid_jpeg, io), 100)))
     return structural_cases(input_name, "UINT8", [1, 3], [1, 2, 3]) + cases
 
 

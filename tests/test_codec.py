@@ -1,4 +1,4 @@
-"""Request/response bodies for SageMaker Triton endpoints, in JSON and binary+json, without a server."""
+"""The codec and the SageMaker payload helpers: request/response bodies in JSON and binary+json, without a server."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import struct
 import numpy as np
 import pytest
 
-from tritonpack import payloads
-from tritonpack.payloads import BINARY_JSON, JSON, Label, PayloadError
+from tritonpack import codec, payloads
+from tritonpack.codec import BINARY_JSON, JSON
+from tritonpack.errors import PayloadError
+from tritonpack.payloads import Label
 
 
 def split_binary(body: bytes, content_type: str) -> tuple[dict, bytes]:
-    size = payloads.header_size(content_type)
+    size = codec.header_size(content_type)
     return json.loads(body[:size]), body[size:]
 
 
@@ -88,7 +90,7 @@ def test_labels_parse_score_index_label_when_classification_was_asked():
 
 def test_parse_response_raises_with_reason_when_body_is_an_error():
     with pytest.raises(PayloadError, match="unknown model"):
-        payloads.parse_response(b'{"error": "unknown model"}', "application/json")
+        codec.parse_response(b'{"error": "unknown model"}', "application/json")
     with pytest.raises(PayloadError, match="no output 'EMBEDDING'"):
         payloads.embeddings(*binary_response({"OTHER": np.zeros((1, 2), np.float32)}))
 
@@ -96,7 +98,7 @@ def test_parse_response_raises_with_reason_when_body_is_an_error():
 @pytest.mark.parametrize("content_type", [f"{BINARY_JSON};json-header-size=x", f"{BINARY_JSON};json-header-size="])
 def test_header_size_raises_when_size_is_not_a_number(content_type):
     with pytest.raises(PayloadError, match="integer"):
-        payloads.header_size(content_type)
+        codec.header_size(content_type)
 
 
 def test_payload_builders_raise_when_input_is_empty_or_format_unknown():
@@ -109,6 +111,6 @@ def test_payload_builders_raise_when_input_is_empty_or_format_unknown():
 
 
 def test_error_message_reads_triton_and_sagemaker_error_bodies():
-    assert payloads.error_message(b'{"error": "boom"}') == "boom"
-    assert payloads.error_message(b'{"message": "nope"}') == "nope"
-    assert payloads.error_message(b"plain text") == "plain text"
+    assert codec.error_message(b'{"error": "boom"}') == "boom"
+    assert codec.error_message(b'{"message": "nope"}') == "nope"
+    assert codec.error_message(b"plain text") == "plain text"
