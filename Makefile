@@ -10,6 +10,7 @@ MODEL ?=
 WEIGHTS ?=
 GRAPHDEF ?=# dali_inception: the TF-slim frozen graph (passed as --weights)
 MODEL_FORMAT ?=# dali_inception: graphdef (default) | onnx
+IO_NAMES ?=# INPUT:OUTPUT, e.g. INPUT0:OUTPUT0: the ensemble's public tensor names for existing client code
 ENV ?=# 1: pack the python models' environments into their folders (EXECUTION_ENV_PATH), for SageMaker
 ENVS ?= text openvino onnx# make env: which envs/<name>/environment.yml to pack
 PYTHON_VERSION ?=# make env / ENV=1: the target container's Python (default: this interpreter's, the local stub's)
@@ -20,8 +21,10 @@ BENCH ?= full# make bench: full | smoke (small corpus, one repetition; what CI r
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-BUILD_ARGS = $(NAME) $(if $(TARGET),--target $(TARGET)) $(if $(MODEL),--model $(MODEL)) $(if $(WEIGHTS),--weights $(WEIGHTS))$(if $(GRAPHDEF), --weights $(GRAPHDEF))$(if $(MODEL_FORMAT), --model-format $(MODEL_FORMAT))$(if $(ENV), --env)$(if $(PYTHON_VERSION), --env-python $(PYTHON_VERSION))
-REPO = dist/$(NAME)-$(or $(TARGET),portable)
+BUILD_ARGS = $(NAME) $(if $(TARGET),--target $(TARGET))$(if $(IO_NAMES), --io-names $(IO_NAMES)) $(if $(MODEL),--model $(MODEL)) $(if $(WEIGHTS),--weights $(WEIGHTS))$(if $(GRAPHDEF), --weights $(GRAPHDEF))$(if $(MODEL_FORMAT), --model-format $(MODEL_FORMAT))$(if $(ENV), --env)$(if $(PYTHON_VERSION), --env-python $(PYTHON_VERSION))
+# The repository of NAME: for TARGET if given, else the target its last build chose (recorded by `tritonpack build`).
+CHOSEN = $(or $(TARGET),$(shell cat dist/.$(NAME).target 2>/dev/null),portable)
+REPO = dist/$(NAME)-$(CHOSEN)
 
 .PHONY: help setup ensemble build serve test soak lint clean env check mme bench bench-smoke
 
@@ -37,7 +40,7 @@ $(STAMP): requirements.txt pyproject.toml
 
 setup: $(STAMP) ## create .venv with the pinned dependencies (every target does this when needed)
 
-ensemble: $(STAMP) ## build NAME (default bert) for TARGET, serve it in the local Triton and show an answer
+ensemble: $(STAMP) ## build NAME (default bert) for TARGET, check it, serve it in the local Triton, show an answer
 	$(BIN)/tritonpack build $(BUILD_ARGS) --smoke
 
 build: $(STAMP) ## build dist/NAME-TARGET/ and its MME tarball without serving

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritonpack.cache import producer
 from tritonpack.errors import ToolUnavailable
 
 
@@ -47,8 +48,7 @@ def require_tensorrt():
     try:
         import tensorrt as trt
     except ImportError:
-        raise TensorRTUnavailable("TensorRT is not installed (pip package `tensorrt`); "
-                                  "build the `cpu` or `portable` target instead") from None
+        raise TensorRTUnavailable("TensorRT is not installed (pip package `tensorrt`)") from None
     try:
         import torch
 
@@ -58,6 +58,22 @@ def require_tensorrt():
     if not has_gpu:
         raise TensorRTUnavailable("no CUDA GPU visible: a TensorRT plan must be built on the GPU it will run on")
     return trt
+
+
+def target_gpu() -> dict[str, str]:
+    """What a plan is specific to: the TensorRT version and the compute capability of the GPU it is built on (a plan
+    runs only there). Part of the plan's cache key, so a stale plan is never reused."""
+    trt = require_tensorrt()
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return {"tensorrt": trt.__version__, "compute_capability": f"{major}.{minor}"}
+
+
+@producer("tensorrt-plan", environment=target_gpu)
+def tensorrt_plan(out_dir: Path, onnx: Path, profiles: tuple[ShapeProfile, ...], fp16: bool) -> None:
+    """`model.plan` built from `onnx` with one optimization profile over `profiles`."""
+    build_plan(onnx, out_dir / "model.plan", list(profiles), fp16=fp16)
 
 
 def build_plan(onnx_path: Path, plan_path: Path, profiles: list[ShapeProfile], fp16: bool = False,

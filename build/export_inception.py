@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tritonpack.cache import producer
+
 SEED = 0
 CLASSES = 1001
 IMAGE_SIZE = 299
@@ -103,6 +105,12 @@ def to_onnx(graph_def, onnx_path: Path, opset: int = 17) -> None:
         value.name = renames.get(value.name, value.name)
     onnx.checker.check_model(model)
     onnx.save(model, str(onnx_path))
+
+
+@producer("inception-v3", libraries=("tensorflow", "tensorflow-cpu", "tf2onnx", "onnx"))
+def inception_v3(out_dir: Path, graphdef: Path | None, onnx: bool) -> None:
+    """`model.graphdef` (the given frozen graph, checked, or the random Keras one) and with `onnx` its conversion."""
+    export(out_dir, str(graphdef) if graphdef else None, onnx)
 
 
 def export(out_dir: Path, graphdef: str | None = None, onnx: bool = False) -> dict[str, Path]:

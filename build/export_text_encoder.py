@@ -1,20 +1,33 @@
-"""Export a sentence-transformers BERT-family encoder to ONNX and TorchScript, checked against PyTorch.
+"""The text encoder's artifacts, each a cached producer checked against the PyTorch forward of its source:
 
-    python -m tritonpack.build.export_text_encoder MODEL_DIR OUT_DIR [--opset 17]
+- `encoder_onnx`: ONNX taking input_ids, attention_mask[, token_type_ids] (INT64 [batch, seq]) and returning
+  token_embeddings (FP32 [batch, seq, hidden]); batch and sequence axes dynamic. What TensorRT and Triton's
+  onnxruntime/openvino backends load.
+- `encoder_torchscript`: the same as TorchScript (pytorch_libtorch).
+- `encoder_fused`: the ONNX with ONNX Runtime's transformer fusions (ONNX Runtime only).
+- `encoder_packed`: several sentences as one sequence (models/framework_runner/packing.py), optionally mean-pooling
+  inside the graph (the portable runner's encoder).
+- `openvino_check`: the cosine of an export run by OpenVINO at a precision on this CPU, against PyTorch.
 
-Both artifacts take input_ids, attention_mask[, token_type_ids] (INT64 [batch, seq]) and return
-token_embeddings (FP32 [batch, seq, hidden]); batch and sequence axes are dynamic.
+    python -m tritonpack.build.export_text_encoder MODEL_DIR OUT_DIR [--torchscript]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 
+from tritonpack import CARD_ROOT
+from tritonpack.build.text_source import SentenceTransformerSource
+from tritonpack.cache import producer
+
+RUNNER_DIR = CARD_ROOT / "models" / "framework_runner"
+OPSET = 17
 MAX_ABS_DIFF = 1e-4  # on real (unpadded) tokens, against the PyTorch forward
 MIN_EMBEDDING_COSINE = 0.9999  # mean-pooled, against the PyTorch forward, for reduced-precision runtimes
 CHECK_TEXTS = [
@@ -77,7 +90,7 @@ def _runner_module(name: str):
     configures exactly as the served model does."""
     import importlib.util
 
-    path = Path(__file__).resolve().parent.parent / "models" / "framework_runner" / f"{name}.py"
+    path = RUNNER_DIR / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"tritonpack_build_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -100,16 +113,17 @@ def unpack(packed_output: np.ndarray, lengths: list[int], width: int) -> np.ndar
     return out
 
 
-def _check_inputs(model_dir: Path, input_names: list[str], max_length: int) -> dict[str, np.ndarray]:
+def check_inputs(source: SentenceTransformerSource) -> dict[str, np.ndarray]:
+    """The check texts tokenized as the served tokenizer does (right padding), by input name."""
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    tokenizer.enable_truncation(max_length)
+    tokenizer = Tokenizer.from_file(str(source.path / "tokenizer.json"))
+    tokenizer.enable_truncation(source.max_seq_length)
     tokenizer.enable_padding(pad_id=0)
     encodings = tokenizer.encode_batch(CHECK_TEXTS)
     arrays = {"input_ids": [e.ids for e in encodings], "attention_mask": [e.attention_mask for e in encodings],
               "token_type_ids": [e.type_ids for e in encodings]}
-    return {n: np.array(arrays[n], dtype=np.int64) for n in input_names}
+    return {n: np.array(arrays[n], dtype=np.int64) for n in source.input_names}
 
 
 def max_diff_on_real_tokens(expected: np.ndarray, actual: np.ndarray, mask: np.ndarray) -> float:
@@ -117,75 +131,81 @@ def max_diff_on_real_tokens(expected: np.ndarray, actual: np.ndarray, mask: np.n
     return float(np.abs(expected[real] - actual[real]).max())
 
 
-def export(model_dir: Path, out_dir: Path, input_names: list[str], max_length: int,
-           opset: int = 17) -> dict[str, Path]:
-    """Write `model.onnx` and `model.pt` into out_dir; raises if either differs from PyTorch."""
-    import onnxruntime as ort
+def _expected(source: SentenceTransformerSource, inputs: dict[str, np.ndarray]) -> np.ndarray:
     import torch
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    module = _load(model_dir)
-    inputs = _check_inputs(model_dir, input_names, max_length)
-    tensors = tuple(torch.from_numpy(inputs[n]) for n in input_names)
     with torch.inference_mode():
-        expected = module(*tensors).numpy()
+        return _load(source.path)(*(torch.from_numpy(inputs[n]) for n in source.input_names)).numpy()
 
-    onnx_path = out_dir / "model.onnx"
-    axes = {n: {0: "batch", 1: "sequence"} for n in input_names}
-    axes["token_embeddings"] = {0: "batch", 1: "sequence"}
-    # Tracing warns about Python-level shape logic in transformers; the numeric checks below decide instead.
+
+def _check(what: str, source: SentenceTransformerSource, diff: float) -> float:
+    if not diff <= MAX_ABS_DIFF:
+        raise RuntimeError(f"{what} of {source.path} differs from PyTorch by {diff:.2e} > {MAX_ABS_DIFF}")
+    print(f"{what} of {source.path.name}: max abs diff {diff:.1e}")
+    return diff
+
+
+def _ort_run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+@producer("text-encoder-onnx", libraries=("torch", "transformers", "onnx"))
+def encoder_onnx(out_dir: Path, source: SentenceTransformerSource) -> None:
+    """`model.onnx`; raises if it differs from PyTorch."""
+    import torch
+
+    names = source.input_names
+    inputs = check_inputs(source)
+    axes = {n: {0: "batch", 1: "sequence"} for n in [*names, "token_embeddings"]}
+    # Tracing warns about Python-level shape logic in transformers; the numeric check below decides instead.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, tensors, str(onnx_path), input_names=input_names,
-                          output_names=["token_embeddings"], dynamic_axes=axes, opset_version=opset, dynamo=False)
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    onnx_diff = max_diff_on_real_tokens(expected, session.run(None, inputs)[0], inputs["attention_mask"])
+        torch.onnx.export(_load(source.path), tuple(torch.from_numpy(inputs[n]) for n in names),
+                          str(out_dir / "model.onnx"), input_names=names, output_names=["token_embeddings"],
+                          dynamic_axes=axes, opset_version=OPSET, dynamo=False)
+    actual = _ort_run(out_dir / "model.onnx", inputs)
+    _check("ONNX export", source, max_diff_on_real_tokens(_expected(source, inputs), actual, inputs["attention_mask"]))
 
-    pt_path = out_dir / "model.pt"
+
+@producer("text-encoder-torchscript", libraries=("torch", "transformers"))
+def encoder_torchscript(out_dir: Path, source: SentenceTransformerSource) -> None:
+    """`model.pt`, traced with the inputs named like the forward's arguments (pytorch_libtorch's convention)."""
+    import torch
+
+    inputs = check_inputs(source)
+    tensors = tuple(torch.from_numpy(inputs[n]) for n in source.input_names)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        traced = torch.jit.trace(module, tensors, strict=False)
-    traced.save(str(pt_path))
+        traced = torch.jit.trace(_load(source.path), tensors, strict=False)
+    traced.save(str(out_dir / "model.pt"))
     with torch.inference_mode():
-        pt_diff = max_diff_on_real_tokens(expected, torch.jit.load(str(pt_path))(*tensors).numpy(),
-                                          inputs["attention_mask"])
-    for name, diff in (("ONNX", onnx_diff), ("TorchScript", pt_diff)):
-        if not diff <= MAX_ABS_DIFF:
-            raise RuntimeError(f"{name} export of {model_dir} differs from PyTorch by {diff:.2e} > {MAX_ABS_DIFF}")
-    print(f"exported {model_dir.name}: ONNX max abs diff {onnx_diff:.1e}, TorchScript {pt_diff:.1e}")
-    return {"onnx": onnx_path, "torchscript": pt_path}
+        actual = torch.jit.load(str(out_dir / "model.pt"))(*tensors).numpy()
+    _check("TorchScript export", source,
+           max_diff_on_real_tokens(_expected(source, inputs), actual, inputs["attention_mask"]))
 
 
-def fuse(model_dir: Path, onnx_path: Path, out_path: Path, input_names: list[str], max_length: int) -> float:
+@producer("text-encoder-fused", libraries=("onnxruntime",))
+def encoder_fused(out_dir: Path, source: SentenceTransformerSource, onnx: Path) -> None:
     """ONNX Runtime's transformer fusions (Attention, EmbedLayerNormalization, SkipLayerNormalization, BiasGelu)
-    applied offline to `onnx_path`, written to `out_path`; returns the max abs diff from PyTorch on real tokens
-    and raises above MAX_ABS_DIFF.
+    applied offline to the plain export `onnx`.
 
     The fused graph uses com.microsoft contrib ops: ONNX Runtime (CPU and CUDA) runs it, TensorRT does not, so
     the gpu target keeps building its plan from the plain export. opt_level 0 keeps the graph provider-neutral
     (ONNX Runtime applies its own hardware-specific optimisations when it opens the session).
     """
-    import json
-
-    import onnxruntime as ort
-    import torch
     from onnxruntime.transformers.optimizer import optimize_model
 
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    fused = optimize_model(str(onnx_path), model_type="bert", num_heads=int(config["num_attention_heads"]),
+    config = json.loads((source.path / "config.json").read_text())
+    fused = optimize_model(str(onnx), model_type="bert", num_heads=int(config["num_attention_heads"]),
                            hidden_size=int(config["hidden_size"]), opt_level=0)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fused.save_model_to_file(str(out_path))
-    inputs = _check_inputs(model_dir, input_names, max_length)
-    with torch.inference_mode():
-        expected = _load(model_dir)(*(torch.from_numpy(inputs[n]) for n in input_names)).numpy()
-    session = ort.InferenceSession(str(out_path), providers=["CPUExecutionProvider"])
-    diff = max_diff_on_real_tokens(expected, session.run(None, inputs)[0], inputs["attention_mask"])
-    if not diff <= MAX_ABS_DIFF:
-        raise RuntimeError(f"fused ONNX of {model_dir} differs from PyTorch by {diff:.2e} > {MAX_ABS_DIFF}")
+    fused.save_model_to_file(str(out_dir / "model.onnx"))
+    inputs = check_inputs(source)
+    actual = _ort_run(out_dir / "model.onnx", inputs)
     counts = {k: v for k, v in fused.get_fused_operator_statistics().items() if v}
-    print(f"fused {Path(model_dir).name}: {counts}, max abs diff {diff:.1e}")
-    return diff
+    _check(f"fused ONNX {counts}", source,
+           max_diff_on_real_tokens(_expected(source, inputs), actual, inputs["attention_mask"]))
 
 
 def mean_pooled(token_embeddings: np.ndarray, mask: np.ndarray, normalize: bool) -> np.ndarray:
@@ -194,51 +214,55 @@ def mean_pooled(token_embeddings: np.ndarray, mask: np.ndarray, normalize: bool)
     return means / np.linalg.norm(means, axis=1, keepdims=True) if normalize else means
 
 
-def export_packed(model_dir: Path, out_path: Path, input_names: list[str], max_length: int, pooled: bool = False,
-                  normalize: bool = False, opset: int = 17) -> float:
-    """Write the packed encoder (`_load_packed`) to `out_path`; returns its max abs diff from the plain PyTorch
-    forward of each sentence alone (on real tokens, or on the pooled embeddings), and raises above MAX_ABS_DIFF."""
-    import onnxruntime as ort
+@producer("text-encoder-packed", libraries=("torch", "transformers", "onnx"), code=(RUNNER_DIR / "packing.py",))
+def encoder_packed(out_dir: Path, source: SentenceTransformerSource, pooled: bool) -> None:
+    """`model.onnx` of the packed encoder (`_load_packed`), checked sentence by sentence against the plain PyTorch
+    forward of each sentence alone (on real tokens, or on the pooled embeddings)."""
     import torch
 
-    inputs = _check_inputs(model_dir, input_names, max_length)
-    with torch.inference_mode():
-        expected = _load(model_dir)(*(torch.from_numpy(inputs[n]) for n in input_names)).numpy()
+    inputs = check_inputs(source)
+    expected = _expected(source, inputs)
     packed, lengths = pack(inputs)
     names = ["input_ids", "position_ids", "segment_ids"] + (["token_type_ids"] if "token_type_ids" in packed else [])
     output = "EMBEDDING" if pooled else "token_embeddings"
     axes = {n: {1: "tokens"} for n in names} | {output: {0: "sentences"} if pooled else {1: "tokens"}}
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(_load_packed(model_dir, pooled, normalize), tuple(torch.from_numpy(packed[n]) for n in names),
-                          str(out_path), input_names=names, output_names=[output], dynamic_axes=axes,
-                          opset_version=opset, dynamo=False)
-    got = ort.InferenceSession(str(out_path), providers=["CPUExecutionProvider"]).run(None, packed)[0]
+        torch.onnx.export(_load_packed(source.path, pooled, source.normalize),
+                          tuple(torch.from_numpy(packed[n]) for n in names), str(out_dir / "model.onnx"),
+                          input_names=names, output_names=[output], dynamic_axes=axes, opset_version=OPSET,
+                          dynamo=False)
+    got = _ort_run(out_dir / "model.onnx", packed)
     if pooled:
-        diff = float(np.abs(mean_pooled(expected, inputs["attention_mask"], normalize) - got).max())
+        diff = float(np.abs(mean_pooled(expected, inputs["attention_mask"], source.normalize) - got).max())
     else:
         diff = max_diff_on_real_tokens(expected, unpack(got, lengths, expected.shape[1]), inputs["attention_mask"])
-    if not diff <= MAX_ABS_DIFF:
-        raise RuntimeError(f"packed ONNX of {model_dir} differs from PyTorch by {diff:.2e} > {MAX_ABS_DIFF}")
-    print(f"packed{' and pooled' if pooled else ''} {Path(model_dir).name}: max abs diff {diff:.1e}")
-    return diff
+    _check(f"packed{' and pooled' if pooled else ''} ONNX", source, diff)
 
 
-def check_openvino(model_dir: Path, onnx_path: Path, input_names: list[str], max_length: int,
-                   precision: str, packed: bool = False) -> float:
-    """Run `onnx_path` (the plain or, with `packed`, the packed export) with OpenVINO at `precision` (fp32 | bf16)
-    on this CPU; returns the smallest cosine between its mean-pooled embeddings and PyTorch's, and raises below
+def _cpu_bf16() -> dict[str, bool]:
+    """Whether this CPU computes bf16 natively: OpenVINO runs a bf16 hint in bf16 only then (else fp32)."""
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    return {"native_bf16": bool(flags & {"avx512_bf16", "amx_bf16"})}
+
+
+@producer("text-encoder-openvino-check", libraries=("openvino",), code=(RUNNER_DIR / "openvino_session.py",),
+          environment=_cpu_bf16)
+def openvino_check(out_dir: Path, source: SentenceTransformerSource, onnx: Path, precision: str, packed: bool) -> None:
+    """Run the plain or packed export `onnx` with OpenVINO at `precision` (fp32 | bf16) on this CPU; writes the
+    smallest cosine between its mean-pooled embeddings and PyTorch's to `check.json`, and raises below
     MIN_EMBEDDING_COSINE. Where the CPU has no native bf16, OpenVINO runs fp32 and the check shows that."""
     import openvino as ov
-    import torch
 
-    inputs = _check_inputs(model_dir, input_names, max_length)
-    with torch.inference_mode():
-        expected = _load(model_dir)(*(torch.from_numpy(inputs[n]) for n in input_names)).numpy()
+    inputs = check_inputs(source)
+    expected = _expected(source, inputs)
     core = ov.Core()
     hint = _runner_module("openvino_session").OPENVINO_PRECISION[precision]
-    compiled = core.compile_model(core.read_model(str(onnx_path)), "CPU", {"INFERENCE_PRECISION_HINT": hint})
+    compiled = core.compile_model(core.read_model(str(onnx)), "CPU", {"INFERENCE_PRECISION_HINT": hint})
     mask = inputs["attention_mask"]
     if packed:
         feeds, lengths = pack(inputs)
@@ -246,29 +270,27 @@ def check_openvino(model_dir: Path, onnx_path: Path, input_names: list[str], max
         if actual.ndim == 3:  # token embeddings; a pooled export gives [sentences, hidden]
             actual = mean_pooled(unpack(actual, lengths, expected.shape[1]), mask, False)
     else:
-        actual = mean_pooled(compiled({n: inputs[n] for n in input_names})[0], mask, False)
-    pooled = [mean_pooled(expected, mask, False), actual]
-    cosine = float(((pooled[0] * pooled[1]).sum(1) / np.linalg.norm(pooled[0], axis=1)
-                    / np.linalg.norm(pooled[1], axis=1)).min())
+        actual = mean_pooled(compiled({n: inputs[n] for n in source.input_names})[0], mask, False)
+    reference = mean_pooled(expected, mask, False)
+    cosine = float(((reference * actual).sum(1) / np.linalg.norm(reference, axis=1)
+                    / np.linalg.norm(actual, axis=1)).min())
     ran = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()  # what this CPU runs: bf16 or f32
     if not cosine >= MIN_EMBEDDING_COSINE:
-        raise RuntimeError(f"OpenVINO {precision} ({ran}) embeddings of {model_dir} reach cosine {cosine:.6f} "
+        raise RuntimeError(f"OpenVINO {precision} ({ran}) embeddings of {source.path} reach cosine {cosine:.6f} "
                            f"< {MIN_EMBEDDING_COSINE} against PyTorch; serve it with encoder_precision=fp32")
-    print(f"openvino {precision} ({ran}) {Path(model_dir).name}: min embedding cosine {cosine:.6f}")
-    return cosine
+    print(f"openvino {precision} ({ran}) {source.path.name}: min embedding cosine {cosine:.6f}")
+    (out_dir / "check.json").write_text(json.dumps({"precision": precision, "ran": ran, "min_cosine": cosine}))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--opset", type=int, default=17)
+    parser.add_argument("--torchscript", action="store_true", help="write model.pt instead of model.onnx")
     args = parser.parse_args(argv)
-    from tritonpack.ensembles.text import SentenceTransformerSource
-
     source = SentenceTransformerSource.load(args.model_dir)
-    export(source.path, args.out_dir, [t.name for t in source.encoder_inputs()], source.max_seq_length,
-           args.opset)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (encoder_torchscript if args.torchscript else encoder_onnx)(args.out_dir, source=source)
     return 0
 
 

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from tritonpack import CARD_ROOT
+from tritonpack.cache import producer
 
 PIPELINE_SOURCE = CARD_ROOT / "pipelines" / "classification.py"
 
@@ -33,6 +34,12 @@ def triton_pipeline():
     encoded = fn.external_source(name=INPUT_NAME, device="cpu", dtype=types.UINT8, ndim=1)
     return preprocess(encoded, Recipe(**{recipe!r}), device="gpu")
 '''
+
+
+@producer("dali-pipeline", libraries=("nvidia-dali-cuda120",), code=(PIPELINE_SOURCE,))
+def dali_pipeline(out_dir: Path, recipe: str, max_batch_size: int, threads: int) -> None:
+    """`model.dali` (CPU, serialized here) and `dali.py` (GPU, @autoserialize) for a `pipelines/` recipe."""
+    serialize(recipe, out_dir, max_batch_size, threads)
 
 
 def serialize(recipe_name: str, out_dir: Path, max_batch_size: int, threads: int = 2) -> dict[str, Path]:

@@ -1,15 +1,20 @@
-"""Ensemble recipes by name. Each module has NAME, TARGETS and `models(request, cache) -> [ModelFolder]`."""
+"""Ensemble recipes by name: small declarative objects (`TextRecipe`, `ImageRecipe`) that `tritonpack.builder`
+renders for a target."""
 
 from __future__ import annotations
 
-import importlib
-
 from tritonpack.errors import SpecError
 
-NAMES = ("bert", "bert_pt", "dali_inception", "resnet_pt", "resnet_trt")
+from . import bert, bert_pt, dali_inception, resnet_pt, resnet_trt
+from .image import ImageRecipe
+from .text import TextRecipe
+
+Recipe = TextRecipe | ImageRecipe
+RECIPES: dict[str, Recipe] = {m.RECIPE.name: m.RECIPE for m in (bert, bert_pt, dali_inception, resnet_pt, resnet_trt)}
+NAMES = tuple(RECIPES)
 
 
-def recipe(name: str):
-    if name not in NAMES:
+def recipe(name: str) -> Recipe:
+    if name not in RECIPES:
         raise SpecError(f"unknown ensemble {name!r}; known: {', '.join(NAMES)}")
-    return importlib.import_module(f"{__name__}.{name}")
+    return RECIPES[name]

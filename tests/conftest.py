@@ -28,6 +28,37 @@ def test_dist(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def artifact_cache(test_dist):
+    """The build's artifact cache (shared with `make ensemble`): `artifact_cache.get(producer, **inputs)`."""
+    from tritonpack.cache import ArtifactCache
+
+    return ArtifactCache(test_dist / "cache")
+
+
+@pytest.fixture(scope="session")
+def model_folders(artifact_cache):
+    """model_folders(name, target, **options) → {model name: ModelFolder}: a recipe rendered, no repository written."""
+    from tritonpack import ensembles
+    from tritonpack.assembly import assemble
+    from tritonpack.builder import BuildRequest
+
+    def _folders(name: str, target: str = "portable", **options):
+        request = BuildRequest(name, target, **options)
+        return {f.spec.name: f for f in assemble(ensembles.recipe(name), request, artifact_cache)}
+
+    return _folders
+
+
+@pytest.fixture
+def python_model():
+    """python_model(folder) → an initialized model straight from models/<source>/, with the fake pb_utils."""
+    from tests.model_folders import fake_server
+
+    with fake_server() as load_model:
+        yield load_model
+
+
+@pytest.fixture(scope="session")
 def build_ensemble(test_dist):
     """build_ensemble(name, target, **options) → BuildResult, built once per session per arguments."""
     from tritonpack.builder import BuildRequest, build

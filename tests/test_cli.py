@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tritonpack.cli import main
+from tritonpack.ensembles.text import TextServing
 
-SUBCOMMANDS = ["build", "serve", "check", "infer", "mme", "upload", "deploy", "bench"]
+TEXT_SERVING_FIELDS = list(TextServing.__dataclass_fields__)
+
+SUBCOMMANDS = ["build", "serve", "check", "infer", "mme", "upload", "deploy", "bench", "env"]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -38,3 +42,54 @@ def test_cli_infer_prints_embeddings_when_texts_come_from_args_and_file(served, 
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
     assert main(["infer", "plain output", "--url", server.url]) == 0
     assert "bert: 1 embeddings of 384 floats" in capsys.readouterr().out
+
+
+def test_cli_prints_one_line_and_exits_2_when_the_user_asks_for_something_invalid():
+    result = run_cli("build", "bert", "--target", "portable", "--serving", "no_such_setting=1")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: unknown serving setting 'no_such_setting'; one of " + ", ".join(TEXT_SERVING_FIELDS)]
+
+
+def test_cli_keeps_the_traceback_when_the_failure_is_a_bug(monkeypatch):
+    import argparse
+
+    def broken(_args):
+        raise KeyError("a bug, not the user's mistake")
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", lambda self, argv=None: argparse.Namespace(func=broken))
+    with pytest.raises(KeyError, match="a bug"):
+        main(["build", "bert"])
+
+
+def test_cli_build_smoke_names_the_serving_command_when_the_local_triton_lacks_the_backends(tmp_path, test_dist):
+    """The newcomer path: `make ensemble TARGET=cpu` builds, checks, and says in one line where the repository runs."""
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    (dist / "cache").symlink_to(test_dist / "cache")
+    result = run_cli("build", "bert", "--target", "cpu", "--smoke", "--dist", str(dist))
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "check:      ok (4 models, entry bert)" in result.stdout
+    repository = dist / "bert-cpu"
+    assert result.stdout.splitlines()[-1] == (
+        f"{repository} needs Triton's onnxruntime_onnx backend, which the local Triton (python backend only) lacks; "
+        f"serve it with: docker run --rm -p8000:8000 -v {repository.resolve()}:/models "
+        f"nvcr.io/nvidia/tritonserver:24.09-py3 tritonserver --model-repository=/models")
+    assert (dist / ".bert.target").read_text() == "cpu\n"
+
+
+@pytest.mark.parametrize(("recorded", "given", "expected"), [("gpu", "", "zzz-gpu"), ("gpu", "cpu", "zzz-cpu"),
+                                                             (None, "", "zzz-portable")])
+def test_makefile_serves_the_repository_the_last_build_chose_when_no_target_is_given(tmp_path, recorded, given,
+                                                                                     expected):
+    makefile = Path(__file__).resolve().parent.parent / "Makefile"
+    for prerequisite in ("requirements.txt", "pyproject.toml"):  # of the .venv stamp, which -n only prints
+        (tmp_path / prerequisite).touch()
+    if recorded:
+        (tmp_path / "dist").mkdir()
+        (tmp_path / "dist" / ".zzz.target").write_text(recorded + "\n")
+    result = subprocess.run(["make", "-n", "-f", str(makefile), "serve", "check", "NAME=zzz", f"TARGET={given}"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert f"tritonpack serve dist/{expected}\n" in result.stdout
+    assert f"tritonpack check dist/{expected}.tar.gz" in result.stdout

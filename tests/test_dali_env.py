@@ -1,4 +1,4 @@
-"""The packed DALI environment (`envs/dali`, slimmed by `tritonpack.env.extra_strip`) runs the portable DALI runner.
+"""The packed DALI environment (`envs/dali`, slimmed by `tritonpack.envpack.extra_strip`) runs the portable DALI runner.
 
 The `resnet_pt` preprocessing model gets the env through `EXECUTION_ENV_PATH` exactly as `make build ENV=1` attaches
 it, is served alone by the real tritonserver, and its PIXELS must equal an in-process run of the same `model.dali`
@@ -15,34 +15,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import BUILD_CACHE, ENV_CACHE
+from tests.conftest import ENV_CACHE
 from tests.images import bad_payloads, image_kinds
+from tests.model_folders import load
 
 MODEL = "resnet_pt_preprocess"
 
 
 @pytest.fixture(scope="module")
-def env_repository(tmp_path_factory) -> Path:
+def env_repository(tmp_path_factory, model_folders) -> Path:
     """Only the DALI step of `resnet_pt` (portable), with the packed DALI env beside its config."""
-    from tritonpack.builder import BuildRequest
-    from tritonpack.ensembles import resnet_pt
     from tritonpack.env import attach_environments
     from tritonpack.repository import write_repository
 
-    BUILD_CACHE.mkdir(parents=True, exist_ok=True)
-    folders = [f for f in resnet_pt.models(BuildRequest("resnet_pt", "portable"), BUILD_CACHE) if f.spec.name == MODEL]
+    folders = [model_folders("resnet_pt", "portable")[MODEL]]
     plan = attach_environments(folders, ENV_CACHE)  # packs dist/envs/dali-py<X.Y>.tar.gz once (cached)
     assert plan.environments[MODEL]["env"] == "dali"
     return write_repository(plan.folders, tmp_path_factory.mktemp("dali-env") / "repo")
 
 
 def preprocess_in_process(model_dali: Path, image: bytes) -> np.ndarray:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "models" / "dali_runner"))
-    try:
-        from serialized_pipeline import SerializedPipeline
-    finally:
-        sys.path.pop(0)
-    pipeline = SerializedPipeline.from_file(str(model_dali), input_name="IMAGE", max_batch_size=1)
+    serialized_pipeline = load("dali_runner", "serialized_pipeline")
+    pipeline = serialized_pipeline.SerializedPipeline.from_file(str(model_dali), input_name="IMAGE", max_batch_size=1)
     return pipeline.run([np.frombuffer(image, dtype=np.uint8)])[0]
 
 
@@ -103,13 +97,13 @@ def _maps(pid: int) -> list[str]:
     ("nvidia/dali/.libs/libavcodec-0c04e3c0.so.63", False),
 ])
 def test_dali_env_strip_keeps_only_what_the_cpu_runner_loads_when_packing_for_python_3_11(path, stripped):
-    from tritonpack.env import extra_strip
+    from tritonpack.envpack import extra_strip
 
     assert bool(extra_strip("dali", "3.11").search(path)) is stripped
 
 
 def test_env_key_ignores_dali_rules_when_env_is_not_dali():
-    from tritonpack.env import EnvSpec, extra_strip
+    from tritonpack.envpack import EnvSpec, extra_strip
 
     assert extra_strip("text", "3.11") is None and extra_strip("onnx", "3.10") is None
     assert EnvSpec.load("dali").key("3.10") != EnvSpec.load("dali").key("3.11")

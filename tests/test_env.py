@@ -13,18 +13,10 @@ import pytest
 
 from tritonpack.archive import ArchiveLimits
 from tritonpack.check import check, inspect_env
-from tritonpack.components import Artifact, framework_model, python_model
-from tritonpack.env import (
-    EnvSpec,
-    container_python,
-    containers_for,
-    environment_for,
-    extra_strip,
-    known_envs,
-    pack_env,
-    pack_prefix,
-    required_modules,
-)
+from tritonpack.components import Artifact, StepSettings, framework_model, python_model
+from tritonpack.containers import container_python, containers_for
+from tritonpack.env import environment_for, required_modules
+from tritonpack.envpack import EnvSpec, extra_strip, known_envs, pack_env, pack_prefix
 from tritonpack.spec import DynamicBatching, ModelSpec, Tensor
 
 PROBE_MODULE = "tritonpack_env_probe"  # exists only inside the packed env built below
@@ -35,7 +27,7 @@ def runner(framework: str, tmp_path: Path):
     artifact = tmp_path / "model.bin"
     artifact.write_bytes(b"")
     return framework_model("enc", Artifact(framework, artifact), "portable", (Tensor("X", "TYPE_FP32", (-1,)),),
-                           (Tensor("Y", "TYPE_FP32", (-1,)),), max_batch_size=4, dynamic_batching=DynamicBatching())
+                           (Tensor("Y", "TYPE_FP32", (-1,)),), StepSettings(4, DynamicBatching()))
 
 
 def python_spec(name: str) -> ModelSpec:

@@ -7,22 +7,22 @@ import sys
 import numpy as np
 import pytest
 
+from tests.model_folders import load
 from tritonpack.build import export_inception
 from tritonpack.builder import BuildRequest, build
-from tritonpack.components import MODELS_DIR
-from tritonpack.ensembles.image import inception_artifacts
-from tritonpack.spec import SpecError, parse_config
+from tritonpack.errors import SpecError
+from tritonpack.spec import parse_config
 from tritonpack.wiring import wiring_problems
 
-sys.path.insert(0, str(MODELS_DIR / "framework_runner"))
-import graphdef_session  # noqa: E402
-import onnxruntime_session  # noqa: E402
+graphdef_session = load("framework_runner", "tensorflow_graphdef_session")
+onnxruntime_session = load("framework_runner", "onnxruntime_session")
 
 NAMES = {"input_order": export_inception.INPUT, "output_order": export_inception.OUTPUT, "threads": "2"}
 
 
-def test_inception_onnx_equals_graphdef_when_converted_with_tf2onnx(test_dist):
-    artifacts = inception_artifacts(None, onnx=True, cache=test_dist / "cache")
+def test_inception_onnx_equals_graphdef_when_converted_with_tf2onnx(artifact_cache):
+    folder = artifact_cache.get(export_inception.inception_v3, graphdef=None, onnx=True)
+    artifacts = {"graphdef": folder / "model.graphdef", "onnx": folder / "model.onnx"}
     images = export_inception.check_batch(3)
     tf_run = graphdef_session.open_session(str(artifacts["graphdef"]), NAMES)
     ort_run = onnxruntime_session.open_session(str(artifacts["onnx"]), {"threads": "2"})
@@ -88,18 +88,18 @@ def test_dali_inception_rejects_model_format_when_unknown(tmp_path):
 
 def test_resnet_trt_gpu_config_has_profile_and_warmup_at_128_when_plan_build_is_stubbed(tmp_path, test_dist,
                                                                                          monkeypatch):
-    """TensorRT is absent here: the plan is stubbed, everything around it (profile, config, wiring) is real."""
-    import tritonpack.build.build_tensorrt as build_tensorrt
+    """TensorRT is absent here: the plan producer is stubbed, everything around it (profile, config, wiring) is real."""
+    import tritonpack.assembly.image
+    from tritonpack.cache import Producer
 
     seen = {}
 
-    def fake_build_plan(onnx, plan, profiles, fp16=False):
-        plan = tmp_path / plan.name  # never where a real build would find it
+    def fake_plan(out_dir, onnx, profiles, fp16):
         seen.update(onnx=onnx, profiles=profiles, fp16=fp16)
-        plan.write_bytes(b"not a real plan")
-        return plan
+        (out_dir / "model.plan").write_bytes(b"not a real plan")
 
-    monkeypatch.setattr(build_tensorrt, "build_plan", fake_build_plan)
+    # its own kind: a real build never finds the stub's output in the shared cache
+    monkeypatch.setattr(tritonpack.assembly.image, "tensorrt_plan", Producer("tensorrt-plan-stub", fake_plan))
     result = build(BuildRequest("resnet_trt", "gpu", fp16=True, dist=_dist_sharing_cache(tmp_path, test_dist)))
     (profile,) = seen["profiles"]
     assert (profile.name, profile.min, profile.max) == ("input", (1, 3, 224, 224), (128, 3, 224, 224))

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import io
-import sys
 
 import pytest
 from PIL import Image
 
+from tests.model_folders import load
 from tests.reliability import hostile
-from tritonpack.components import MODELS_DIR
 
-sys.path[:0] = [str(MODELS_DIR / "shared")]
-from batched_requests import ClientError  # noqa: E402
-from image_header import check_image_pixels, image_size  # noqa: E402
+header = load("shared", "image_header")
+ClientError, check_image_pixels, image_size = header.ClientError, header.check_image_pixels, header.image_size
 
 
 def encoded(fmt: str, size=(37, 23), **options) -> bytes:

@@ -14,20 +14,20 @@ normalisation moves the mean to well above one level.
 from __future__ import annotations
 
 import io
-import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from tests.fake_pb_utils import InferenceRequest, Tensor, TritonError, load_model
+from tests.fake_pb_utils import InferenceRequest, Tensor, TritonError
 from tests.images import bad_payloads, image_kinds
+from tests.model_folders import load
 from tritonpack.build.serialize_dali import serialize
-from tritonpack.components import MODELS_DIR
 from tritonpack.pipelines.classification import RECIPES, Recipe, classification_pipeline
 
-sys.path.insert(0, str(MODELS_DIR / "dali_runner"))
-from serialized_pipeline import PipelineRunFailed, SerializedPipeline, rows_to_samples  # noqa: E402
+serialized_pipeline = load("dali_runner", "serialized_pipeline")
+PipelineRunFailed, SerializedPipeline = serialized_pipeline.PipelineRunFailed, serialized_pipeline.SerializedPipeline
+rows_to_samples = serialized_pipeline.rows_to_samples
 
 MAX_GREY_LEVELS = 1.0 + 1e-3
 
@@ -190,10 +190,8 @@ def _padded(images: list[bytes]) -> np.ndarray:
     return rows
 
 
-def test_dali_runner_model_fails_only_the_bad_request_when_batched_with_good_ones(build_ensemble):
-    repository = build_ensemble("resnet_pt", "portable").repository
-    folder = repository / "resnet_pt_preprocess"
-    model = load_model(folder / "1", folder / "config.pbtxt")
+def test_dali_runner_model_fails_only_the_bad_request_when_batched_with_good_ones(model_folders, python_model):
+    model = python_model(model_folders("resnet_pt", "portable")["resnet_pt_preprocess"])
     kinds = image_kinds()
     requests = [
         InferenceRequest([Tensor("IMAGE", _padded([kinds["jpeg_baseline"], kinds["png_rgba"]]))]),

@@ -5,26 +5,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.fake_pb_utils import InferenceRequest, Tensor, TritonError, load_model
+from tests.fake_pb_utils import InferenceRequest, Tensor, TritonError
 from tests.reliability.soak import EMBEDDING_ATOL
 from tests.texts import assert_embeddings_match
 
 
 @pytest.fixture(scope="module")
-def repository(build_ensemble):
-    return build_ensemble("bert", "portable").repository
-
-
-def _model(repository, name):
-    return load_model(repository / name / "1", repository / name / "config.pbtxt", repository / name)
+def bert(model_folders):
+    return model_folders("bert", "portable")
 
 
 def _texts(*texts: bytes) -> InferenceRequest:
     return InferenceRequest([Tensor("TEXT", np.array([[t] for t in texts], dtype=object))])
 
 
-def test_tokenizer_model_fails_only_the_bad_request_when_batch_mixes_valid_and_invalid(repository):
-    model = _model(repository, "bert_tokenizer")
+def test_tokenizer_model_fails_only_the_bad_request_when_batch_mixes_valid_and_invalid(bert, python_model):
+    model = python_model(bert["bert_tokenizer"])
     responses = model.execute([_texts(b"hello"), _texts(b"\xc3\x28"), _texts(b"a longer sentence", b"")])
     assert [r.has_error() for r in responses] == [False, True, False]
     assert responses[1].error().code() == TritonError.INVALID_ARG
@@ -34,15 +30,15 @@ def test_tokenizer_model_fails_only_the_bad_request_when_batch_mixes_valid_and_i
     assert set(first) == {"input_ids", "attention_mask", "token_type_ids"}
 
 
-def test_tokenizer_model_reports_missing_input_when_request_lacks_text(repository):
-    model = _model(repository, "bert_tokenizer")
+def test_tokenizer_model_reports_missing_input_when_request_lacks_text(bert, python_model):
+    model = python_model(bert["bert_tokenizer"])
     (response,) = model.execute([InferenceRequest([])])
     assert response.error().code() == TritonError.INVALID_ARG
     assert "input TEXT is missing" in response.error().message()
 
 
-def test_encoder_runner_equals_separate_runs_when_requests_have_different_lengths(repository):
-    tokenizer, encoder = _model(repository, "bert_tokenizer"), _model(repository, "bert_encoder")
+def test_encoder_runner_equals_separate_runs_when_requests_have_different_lengths(bert, python_model):
+    tokenizer, encoder = python_model(bert["bert_tokenizer"]), python_model(bert["bert_encoder"])
     tokens = [{t.name(): t.as_numpy() for t in r.output_tensors()}
               for r in tokenizer.execute([_texts(b"short"), _texts(b"a much longer sentence than that", b"x")])]
     requests = [InferenceRequest([Tensor(n, a) for n, a in t.items()]) for t in tokens]
@@ -54,9 +50,9 @@ def test_encoder_runner_equals_separate_runs_when_requests_have_different_length
         assert_embeddings_match(t, a)
 
 
-def test_packed_encoder_fails_only_the_request_whose_mask_is_not_right_padded(repository):
-    encoder = _model(repository, "bert_encoder")
-    assert "max_pack_tokens" in (repository / "bert_encoder" / "config.pbtxt").read_text()
+def test_packed_encoder_fails_only_the_request_whose_mask_is_not_right_padded(bert, python_model):
+    encoder = python_model(bert["bert_encoder"])
+    assert "max_pack_tokens" in dict(bert["bert_encoder"].spec.parameters)
 
     def request(ids, mask):
         ids = np.array([ids], dtype=np.int64)
@@ -71,8 +67,8 @@ def test_packed_encoder_fails_only_the_request_whose_mask_is_not_right_padded(re
     assert responses[2].output_tensors()[0].as_numpy().shape == (1, 384)
 
 
-def test_pooling_model_splits_results_per_request_when_batched(build_ensemble):
-    model = _model(build_ensemble("bert", "cpu").repository, "bert_pooling")  # portable bert pools in its encoder
+def test_pooling_model_splits_results_per_request_when_batched(model_folders, python_model):
+    model = python_model(model_folders("bert", "cpu")["bert_pooling"])  # portable bert pools in its encoder
     rng = np.random.default_rng(0)
     requests = [InferenceRequest([Tensor("token_embeddings", rng.normal(size=(b, s, 384)).astype(np.float32)),
                                   Tensor("attention_mask", np.ones((b, s), dtype=np.int64))])

@@ -3,38 +3,33 @@ the native openvino backend's config, and the serving settings that choose it.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tritonpack.build.export_text_encoder as export_text_encoder
+from tests.model_folders import load
 from tests.texts import SENTENCES, assert_embeddings_match
-from tritonpack.components import MODELS_DIR, Artifact, framework_model
-from tritonpack.ensembles.text import SentenceTransformerSource, TextServing, encoder_artifacts
-from tritonpack.spec import DynamicBatching, SpecError, Tensor, parse_config
+from tritonpack.build.text_source import SentenceTransformerSource
+from tritonpack.components import Artifact, StepSettings, framework_model
+from tritonpack.ensembles.text import TextServing
+from tritonpack.errors import SpecError
+from tritonpack.spec import DynamicBatching, Tensor, parse_config
 
 CPU_HAS_BF16 = any(flag in Path("/proc/cpuinfo").read_text().split() for flag in ("avx512_bf16", "amx_bf16"))
 
 
 @pytest.fixture(scope="module")
-def encoder(test_dist):
+def encoder(artifact_cache):
     source = SentenceTransformerSource.resolve(None)
-    return source, encoder_artifacts(source, test_dist / "cache")["onnx"]
+    return source, artifact_cache.get(export_text_encoder.encoder_onnx, source=source) / "model.onnx"
 
 
 @pytest.fixture(scope="module")
 def sessions():
-    import importlib.util
-
-    def load(framework: str):
-        path = MODELS_DIR / "framework_runner" / f"{framework}_session.py"
-        spec = importlib.util.spec_from_file_location(f"{framework}_session_under_test", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-    return {name: load(name) for name in ("onnxruntime", "openvino")}
+    return {name: load("framework_runner", f"{name}_session") for name in ("onnxruntime", "openvino")}
 
 
 def tokens(source, texts):
@@ -70,26 +65,25 @@ def test_openvino_bf16_keeps_pooled_embeddings_within_cosine_when_batched(encode
 
 
 @pytest.mark.skipif(not CPU_HAS_BF16, reason="this CPU has no native bf16 (OpenVINO runs f32 there)")
-def test_build_check_runs_bf16_when_the_cpu_has_it(encoder, capsys):
+def test_build_check_runs_bf16_when_the_cpu_has_it(encoder, capsys, tmp_path):
     source, onnx = encoder
-    inputs = [t.name for t in source.encoder_inputs()]
-    cosine = export_text_encoder.check_openvino(source.path, onnx, inputs, source.max_seq_length, "bf16")
+    export_text_encoder.openvino_check(tmp_path, source=source, onnx=onnx, precision="bf16", packed=False)
+    cosine = json.loads((tmp_path / "check.json").read_text())["min_cosine"]
     assert 0.9999 <= cosine < 1.0  # below 1: the products really ran in bf16
     assert "openvino bf16 (bf16)" in capsys.readouterr().out
 
 
-def test_build_check_rejects_precision_when_embeddings_drift(encoder, monkeypatch):
+def test_build_check_rejects_precision_when_embeddings_drift(encoder, monkeypatch, tmp_path):
     source, onnx = encoder
     monkeypatch.setattr(export_text_encoder, "MIN_EMBEDDING_COSINE", 1.01)
     with pytest.raises(RuntimeError, match="encoder_precision=fp32"):
-        export_text_encoder.check_openvino(source.path, onnx, [t.name for t in source.encoder_inputs()],
-                                           source.max_seq_length, "fp32")
+        export_text_encoder.openvino_check(tmp_path, source=source, onnx=onnx, precision="fp32", packed=False)
 
 
 def encoder_model(artifact: Artifact, target: str):
     return framework_model("enc", artifact, target, (Tensor("input_ids", "TYPE_INT64", (-1,)),),
-                           (Tensor("token_embeddings", "TYPE_FP32", (-1, 4)),), max_batch_size=8,
-                           dynamic_batching=DynamicBatching(), threads=1)
+                           (Tensor("token_embeddings", "TYPE_FP32", (-1, 4)),),
+                           StepSettings(max_batch_size=8, dynamic_batching=DynamicBatching(), threads=1))
 
 
 def test_native_openvino_config_names_backend_onnx_file_and_bf16_when_target_is_cpu(tmp_path):
@@ -108,10 +102,10 @@ def test_portable_openvino_runner_gets_framework_and_precision_when_built(tmp_pa
 
 @pytest.mark.parametrize(("make", "message"), [
     (lambda p: Artifact("onnx", p, "bf16"), "onnx runs precision fp32, not 'bf16'"),
-    (lambda p: encoder_model(Artifact("openvino", p), "gpu"), "OpenVINO runs on the CPU"),
+    (lambda p: encoder_model(Artifact("openvino", p), "gpu"), "openvino does not run on the gpu target"),
     (lambda p: encoder_model(Artifact("onnx", p, packed=True), "cpu"), "a packed artifact needs max_pack_tokens"),
-    (lambda p: framework_model("enc", Artifact("onnx", p, packed=True), "cpu", (), (), max_batch_size=8,
-                               dynamic_batching=None, max_pack_tokens=64), "only the portable runner feeds"),
+    (lambda p: framework_model("enc", Artifact("onnx", p, packed=True), "cpu", (), (),
+                               StepSettings(8, None, max_pack_tokens=64)), "only the portable runner feeds"),
     (lambda p: TextServing(encoder_pack_tokens=-1), "encoder_pack_tokens must be 0"),
     (lambda p: TextServing(encoder_pooling=True), "encoder_pooling needs encoder_pack_tokens > 0"),
     (lambda p: TextServing(encoder_runtime="tensorrt"), "encoder_runtime must be one of onnxruntime, openvino"),

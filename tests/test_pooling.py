@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
-from tritonpack.components import MODELS_DIR
+from tests.model_folders import load
 
-sys.path.insert(0, str(MODELS_DIR / "mean_pooling"))
-from pooling import mean_pool  # noqa: E402
+mean_pool = load("mean_pooling", "pooling").mean_pool
 
 
 def reference_mean_pool(embeddings, mask, normalize):

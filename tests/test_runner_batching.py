@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 
-MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
-RUNNER_DIR = MODELS_DIR / "framework_runner"
+from tests.model_folders import load
 
 
 def _runner_module():
-    sys.path[:0] = [str(MODELS_DIR / "shared"), str(RUNNER_DIR)]  # the runner imports its siblings
-    try:
-        spec = importlib.util.spec_from_file_location("runner_batching_under_test", RUNNER_DIR / "runner_batching.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        del sys.path[:2]
+    return load("framework_runner", "runner_batching")
 
 
 def test_length_groups_keeps_every_request_once_when_lengths_vary():
@@ -87,10 +75,7 @@ def test_runner_groups_rows_by_real_length_when_one_request_mixes_short_and_long
 
 
 def _packing_module():
-    spec = importlib.util.spec_from_file_location("packing_under_test", RUNNER_DIR / "packing.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("framework_runner", "packing")
 
 
 def test_pack_groups_keeps_order_and_budget_when_rows_vary():

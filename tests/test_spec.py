@@ -90,7 +90,7 @@ def test_parse_config_names_line_when_field_is_misspelled():
 
 def _recipe_targets():
     for name in ensembles.NAMES:
-        for target in ensembles.recipe(name).TARGETS:
+        for target in ensembles.recipe(name).targets:
             yield name, target
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from tritonpack.build.build_tensorrt import ShapeProfile, TensorRTUnavailable, require_tensorrt
 from tritonpack.builder import BuildRequest, build, default_target
+from tritonpack.errors import ToolUnavailable
 
 try:
     import tensorrt  # noqa: F401
@@ -33,19 +34,19 @@ def test_shape_profile_rejects_text_when_shapes_are_inconsistent(text):
 
 @no_tensorrt
 def test_build_tensorrt_stops_with_one_line_when_tensorrt_is_missing(tmp_path):
-    result = subprocess.run([sys.executable, "build/build_tensorrt.py", str(tmp_path / "m.onnx"),
+    result = subprocess.run([sys.executable, "-m", "tritonpack.build.build_tensorrt", str(tmp_path / "m.onnx"),
                              str(tmp_path / "m.plan"), "--profile", "x=1x1,1x1,1x1"],
                             capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "error: TensorRT is not installed (pip package `tensorrt`); build the `cpu` or `portable` target instead"]
+        "error: TensorRT is not installed (pip package `tensorrt`)"]
     with pytest.raises(TensorRTUnavailable):
         require_tensorrt()
 
 
 @no_tensorrt
 def test_bert_gpu_build_fails_clearly_when_tensorrt_is_missing(test_dist):
-    with pytest.raises(TensorRTUnavailable, match="TensorRT is not installed"):
+    with pytest.raises(ToolUnavailable, match=r"TensorRT is not installed .*; build bert for cpu or portable instead"):
         build(BuildRequest("bert", "gpu", dist=test_dist))
 
 

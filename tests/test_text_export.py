@@ -9,12 +9,12 @@ import numpy as np
 import onnx
 import pytest
 
-from tritonpack.build.export_text_encoder import max_diff_on_real_tokens
+from tritonpack.build.export_text_encoder import encoder_onnx, encoder_packed, max_diff_on_real_tokens, pack, unpack
+from tritonpack.build.text_source import SentenceTransformerSource
 from tritonpack.builder import BuildRequest, build
 from tritonpack.client import embed
-from tritonpack.ensembles.text import SentenceTransformerSource, encoder_artifacts
+from tritonpack.errors import SpecError
 from tritonpack.server import TritonServer
-from tritonpack.spec import SpecError
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +39,10 @@ def tiny_model(tmp_path_factory):
     return folder
 
 
-def test_onnx_export_has_dynamic_batch_and_sequence_axes_when_exported(test_dist):
+def test_onnx_export_has_dynamic_batch_and_sequence_axes_when_exported(artifact_cache):
     source = SentenceTransformerSource.resolve(None)
-    graph = onnx.load(str(encoder_artifacts(source, test_dist / "cache")["onnx"]), load_external_data=False).graph
+    graph = onnx.load(str(artifact_cache.get(encoder_onnx, source=source) / "model.onnx"),
+                      load_external_data=False).graph
     for value in list(graph.input) + list(graph.output):
         dims = value.type.tensor_type.shape.dim
         assert dims[0].dim_param and dims[1].dim_param, f"{value.name} has fixed batch or sequence axes"
@@ -84,15 +85,12 @@ def test_bert_serves_any_local_sentence_transformers_model_when_model_dir_is_giv
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(expected, axis=1), rtol=1e-3)
 
 
-def test_packed_export_gives_each_sentence_its_unpacked_embeddings_when_sentences_share_a_sequence(test_dist):
+def test_packed_export_gives_each_sentence_its_unpacked_embeddings_when_sentences_share_a_sequence(artifact_cache):
     import onnxruntime as ort
 
-    from tritonpack.build.export_text_encoder import pack, unpack
-    from tritonpack.ensembles.text import packed_encoder_onnx
-
     source = SentenceTransformerSource.resolve(None)
-    packed_path = packed_encoder_onnx(source, test_dist / "cache")
-    plain = ort.InferenceSession(str(encoder_artifacts(source, test_dist / "cache")["onnx"]))
+    packed_path = artifact_cache.get(encoder_packed, source=source, pooled=False) / "model.onnx"
+    plain = ort.InferenceSession(str(artifact_cache.get(encoder_onnx, source=source) / "model.onnx"))
     packed = ort.InferenceSession(str(packed_path))
     assert [i.name for i in packed.get_inputs()] == ["input_ids", "position_ids", "segment_ids", "token_type_ids"]
     from tokenizers import Tokenizer
@@ -109,16 +107,13 @@ def test_packed_export_gives_each_sentence_its_unpacked_embeddings_when_sentence
     assert max_diff_on_real_tokens(alone, together, inputs["attention_mask"]) <= 1e-4
 
 
-def test_pooled_packed_export_gives_sentence_transformers_embeddings_when_sentences_share_a_sequence(test_dist):
+def test_pooled_packed_export_gives_sentence_transformers_embeddings_when_sentences_share_a_sequence(artifact_cache):
     import onnxruntime as ort
     from sentence_transformers import SentenceTransformer
     from tokenizers import Tokenizer
 
-    from tritonpack.build.export_text_encoder import pack
-    from tritonpack.ensembles.text import packed_encoder_onnx
-
     source = SentenceTransformerSource.resolve(None)
-    session = ort.InferenceSession(str(packed_encoder_onnx(source, test_dist / "cache", pooled=True)))
+    session = ort.InferenceSession(str(artifact_cache.get(encoder_packed, source=source, pooled=True) / "model.onnx"))
     assert [o.name for o in session.get_outputs()] == ["EMBEDDING"]
     texts = ["first sentence", "a second, longer sentence in the same pack", "", "Ünïcödé 🚀"]
     tokenizer = Tokenizer.from_file(str(source.path / "tokenizer.json"))

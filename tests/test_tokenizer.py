@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
-from tritonpack.components import MODELS_DIR
-from tritonpack.ensembles.text import SentenceTransformerSource
+from tests.model_folders import load
+from tests.texts import LONG, SENTENCES
+from tritonpack.build.text_source import SentenceTransformerSource
 
-sys.path[:0] = [str(MODELS_DIR / "tokenizer"), str(MODELS_DIR / "shared")]
-from batched_requests import ClientError  # noqa: E402
-from tokenize_text import TextTokenizer, decode_texts  # noqa: E402
-
-from tests.texts import LONG, SENTENCES  # noqa: E402
+tokenize_text = load("tokenizer", "tokenize_text")
+ClientError, TextTokenizer, decode_texts = tokenize_text.ClientError, tokenize_text.TextTokenizer, \
+    tokenize_text.decode_texts
 
 
 @pytest.fixture(scope="module")

@@ -542,7 +542,7 @@ class Bench:
     # ---- P1, P2, P3 -----------------------------------------------------------------------------------------
     def text(self) -> None:
         s = self.settings
-        from tritonpack.ensembles.text import SentenceTransformerSource
+        from tritonpack.build.text_source import SentenceTransformerSource
 
         source = SentenceTransformerSource.resolve(None)
         default = self.build_variant("default")

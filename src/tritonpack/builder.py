@@ -1,16 +1,24 @@
-"""Build an ensemble for a target into `dist/<name>-<target>/` and `dist/<name>-<target>.tar.gz`."""
+"""Build an ensemble for a target into `dist/<name>-<target>/` and `dist/<name>-<target>.tar.gz`.
+
+spec → build → repository: the recipe (tritonpack.ensembles) is rendered into model folders (tritonpack.assembly)
+from artifacts that build/ produces through the cache; the wiring is checked; environments are attached; the
+repository and its reproducible MME tarball are written with a manifest.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from tritonpack import ensembles
+from tritonpack.assembly import assemble
+from tritonpack.cache import ArtifactCache
 from tritonpack.components import TARGETS
+from tritonpack.contracts import IoNames
 from tritonpack.env import attach_environments, manifest_fields
+from tritonpack.errors import SpecError, ToolUnavailable
 from tritonpack.repository import write_repository, write_tarball
 from tritonpack.server import PYTHON_VERSION
-from tritonpack.spec import SpecError
 from tritonpack.wiring import wiring_problems
 
 
@@ -24,6 +32,7 @@ class BuildRequest:
     model_format: str | None = None  # dali_inception: graphdef (default) | onnx
     env: bool = False  # pack the python models' environments into their folders (EXECUTION_ENV_PATH)
     env_python: str | None = None  # with env: the target container's Python minor (default: the local stub's)
+    io_names: IoNames | None = None  # rename the ensemble's public input and output (e.g. INPUT0:OUTPUT0)
     dist: Path = Path("dist")
     # overrides of the recipe's serving settings for this target, e.g. (("dynamic_batching", "false"),)
     serving: tuple[tuple[str, str], ...] = ()
@@ -33,8 +42,8 @@ class BuildRequest:
         if self.target not in TARGETS:
             raise SpecError(f"unknown target {self.target!r}; one of {', '.join(TARGETS)}")
         object.__setattr__(self, "serving", tuple((str(k), str(v)) for k, v in dict(self.serving).items()))
-        if self.target not in recipe.TARGETS:
-            raise SpecError(f"{self.name} has no {self.target} target; it has {', '.join(recipe.TARGETS)}")
+        if self.target not in recipe.targets:
+            raise SpecError(f"{self.name} has no {self.target} target; it has {', '.join(recipe.targets)}")
 
     @property
     def slug(self) -> str:
@@ -70,7 +79,12 @@ def default_target() -> tuple[str, str]:
 def build(request: BuildRequest) -> BuildResult:
     recipe = ensembles.recipe(request.name)
     dist = Path(request.dist)
-    folders = recipe.models(request, dist / "cache")
+    try:
+        folders = assemble(recipe, request, ArtifactCache(dist / "cache"))
+    except ToolUnavailable as e:  # say which targets build without the missing tool
+        others = " or ".join(t for t in recipe.targets if t != request.target)
+        raise ToolUnavailable(f"{e}; build {request.name} for {others} instead "
+                              f"(make ensemble NAME={request.name} TARGET={others.split()[-1]})") from None
     env_plan = attach_environments(folders, dist / "envs", python=request.env_python) if request.env else None
     if env_plan is not None:
         folders = env_plan.folders
@@ -84,7 +98,8 @@ def build(request: BuildRequest) -> BuildResult:
         "ensemble": request.name,
         "target": request.target,
         "sagemaker_triton_default_model_name": request.name,
-        "build": {k: str(v) for k, v in asdict(request).items() if v not in (None, False, ()) and k != "dist"},
+        "build": {f.name: str(getattr(request, f.name)) for f in fields(request)
+                  if getattr(request, f.name) not in (None, False, ()) and f.name != "dist"},
         "built_with_python": PYTHON_VERSION,  # minor only: the tarball bytes must not depend on the patch level
         "python_models": sorted(f.spec.name for f in folders if f.spec.backend == "python"),
         **manifest_fields(folders, env_plan),  # python_version, environments, supported_containers, …
@@ -92,4 +107,3 @@ def build(request: BuildRequest) -> BuildResult:
     repository = write_repository(folders, dist / request.slug, manifest)
     tarball = write_tarball(repository, dist / f"{request.slug}.tar.gz")
     return BuildResult(repository, tarball)
-

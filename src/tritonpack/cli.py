@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from tritonpack.errors import UserError
+from tritonpack.contracts import IoNames
+from tritonpack.errors import TritonpackError, UserError
 
 # Modules that add their own subcommand with `add_command(subparsers)`.
 COMMAND_MODULES: tuple[str, ...] = ("tritonpack.mme", "tritonpack.check", "tritonpack.env", "tritonpack.aws",
@@ -20,51 +21,72 @@ DEMO_TEXTS = ["tritonpack turns notebooks into Triton repositories.", "A second,
 
 def cmd_build(args) -> int:
     from tritonpack.builder import BuildRequest, build, default_target
+    from tritonpack.check import check
 
     target = args.target
     if not target:
         target, reason = default_target()
         print(reason, file=sys.stderr)
     serving = tuple(tuple(kv.split("=", 1)) for kv in args.serving or ())
+    io_names = IoNames.parse(args.io_names) if args.io_names else None
     result = build(BuildRequest(args.name, target, model=args.model, weights=args.weights, fp16=args.fp16,
                                 model_format=args.model_format, env=args.env, env_python=args.env_python,
-                                dist=Path(args.dist), serving=serving))
+                                io_names=io_names, dist=Path(args.dist), serving=serving))
+    (Path(args.dist) / f".{args.name}.target").write_text(target + "\n")  # what `make serve/check/mme` use
     print(f"repository: {result.repository}\ntarball:    {result.tarball}", flush=True)
+    report = check(result.tarball)
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if not report.ok:  # a fresh build that fails its own check is tritonpack's bug, not the user's
+        raise TritonpackError(f"{result.tarball} fails its check: " + "; ".join(map(str, report.problems)))
+    print(f"check:      ok ({len(report.models)} models, entry {report.ensemble})", flush=True)
     if args.smoke:
         args.repository, args.http_port, args.grpc_port, args.metrics_port = result.repository, 0, 0, 0
         return cmd_serve(args)
     return 0
 
 
-def repository_entry(repo: Path) -> tuple[str, str]:
-    """(ensemble name, its first input name) of a built repository."""
+def repository_entry(repo: Path):
+    """(ensemble config, its public tensor names) of a built repository."""
     from tritonpack.spec import parse_config
 
     for config in sorted(Path(repo).glob("*/config.pbtxt")):
         cfg = parse_config(config.read_text())
         if cfg.platform == "ensemble":
-            return cfg.name, cfg.input[0].name
+            return cfg, IoNames(cfg.input[0].name, cfg.output[0].name)
     raise UserError(f"{repo}: no ensemble found (a folder whose config.pbtxt says platform: \"ensemble\")")
 
 
 def demo_request(url: str, repo: Path) -> None:
-    ensemble, input_name = repository_entry(repo)
-    if input_name == "TEXT":
+    from tritonpack.spec import mc
+
+    ensemble, io = repository_entry(repo)
+    if ensemble.input[0].data_type == mc.TYPE_STRING:
         from tritonpack.client import embed
 
-        vectors = embed(url, ensemble, DEMO_TEXTS)
+        vectors = embed(url, ensemble.name, DEMO_TEXTS, io=io)
         for text, vector in zip(DEMO_TEXTS, vectors):
-            print(f"{ensemble}: {text!r} → EMBEDDING {vector.shape} [{', '.join(f'{v:.4f}' for v in vector[:4])}, …]")
+            print(f"{ensemble.name}: {text!r} → {io.output} {vector.shape} "
+                  f"[{', '.join(f'{v:.4f}' for v in vector[:4])}, …]")
         print(f"cosine(first, second) = {float(vectors[0] @ vectors[1]):.4f}")
     else:
         from tritonpack.client import classify, sample_image
 
-        for label in classify(url, ensemble, [sample_image()], class_count=3)[0]:
-            print(f"{ensemble}: sample image → {label}")
+        for label in classify(url, ensemble.name, [sample_image()], class_count=3, io=io)[0]:
+            print(f"{ensemble.name}: sample image → {label}")
 
 
 def cmd_serve(args) -> int:
-    from tritonpack.server import TritonServer
+    from tritonpack.server import TritonServer, native_backends
+
+    needed, gpu = native_backends(Path(args.repository))
+    if needed:  # the bundled Triton has only the python backend: say where the repository does run
+        from tritonpack.containers import docker_command
+
+        print(f"{args.repository} needs Triton's {', '.join(needed)} backend{'s' * (len(needed) > 1)}, which the "
+              f"local Triton (python backend only) lacks; serve it with: "
+              f"{docker_command(Path(args.repository), 'gpu' if gpu else 'cpu')}", flush=True)
+        return 0
 
     server = TritonServer(Path(args.repository), http_port=args.http_port, grpc_port=args.grpc_port,
                           metrics_port=args.metrics_port)
@@ -134,6 +156,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--serving", action="append", metavar="KEY=VALUE",
                    help="override a serving setting of the recipe, e.g. dynamic_batching=false, encoder_instances=2, "
                         "max_text_bytes=65536 (text), max_image_pixels=50000000 (images; 0: no limit)")
+    b.add_argument("--io-names", metavar="INPUT:OUTPUT",
+                   help="rename the ensemble's public input and output, e.g. INPUT0:OUTPUT0 for the AWS notebooks' "
+                        "client code (default TEXT:EMBEDDING / IMAGE:SCORES)")
     b.add_argument("--model-format", help="dali_inception: graphdef (default; Triton <= 25.02) or onnx (any Triton)")
     b.add_argument("--env", action="store_true", help="pack each python model's environment (numpy + what it "
                                                         "imports) into its folder, for SageMaker containers")

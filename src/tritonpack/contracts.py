@@ -31,6 +31,9 @@ class IoNames:
         if self.input == self.output:
             raise SpecError(f"input and output are both named {self.input!r}")
 
+    def __str__(self) -> str:
+        return f"{self.input}:{self.output}"
+
     @classmethod
     def parse(cls, text: str) -> IoNames:
         """`INPUT0:OUTPUT0` → IoNames("INPUT0", "OUTPUT0")."""

@@ -62,6 +62,22 @@ def prepare_backend_directory(cache: Path | None = None) -> Path:
     return target
 
 
+LOCAL_BACKENDS = frozenset({"python", "ensemble"})  # what the bundled tritonserver runs
+
+
+def native_backends(repository: Path) -> tuple[list[str], bool]:
+    """The backends (or platforms) of `repository` that the bundled tritonserver lacks, and whether any model asks
+    for a GPU (`KIND_GPU`)."""
+    from tritonpack.spec import mc, parse_config
+
+    needed, gpu = set(), False
+    for path in sorted(Path(repository).glob("*/config.pbtxt")):
+        config = parse_config(path.read_text())
+        needed.add(config.backend or config.platform)
+        gpu |= any(group.kind == mc.ModelInstanceGroup.KIND_GPU for group in config.instance_group)
+    return sorted(needed - LOCAL_BACKENDS), gpu
+
+
 def free_port() -> int:
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         s.bind(("127.0.0.1", 0))

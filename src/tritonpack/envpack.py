@@ -1,0 +1,287 @@
+"""Packed Python environments for python-backend models (`EXECUTION_ENV_PATH`).
+
+Each environment is defined by `envs/<name>/environment.yml` (a conda environment file whose pip section
+lists the exact wheels). `pack_env` builds it with conda + conda-pack when `conda` is on PATH, else with a
+venv + venv-pack (what CI uses), strips what the models never import (tests, headers, type stubs, build
+tools), and rewrites the archive so equal inputs give equal bytes: sorted entries, fixed mtime/owner, gzip
+without a timestamp, no build paths.
+
+The stub runs the packed env with the Python it was compiled for, so the env's Python minor version must
+equal the target container's (`tritonpack.containers`); a venv-pack env links to that interpreter (`/usr/bin`
+on the Triton containers, `--python-prefix`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonpack import CARD_ROOT
+from tritonpack.archive import normalise_name
+from tritonpack.backends import ENVIRONMENTS
+from tritonpack.errors import EnvError
+from tritonpack.repository import FIXED_MTIME
+from tritonpack.server import PYTHON_VERSION
+
+ENVS_DIR = CARD_ROOT / "envs"
+
+# Paths inside site-packages that no served model imports: tests, build tooling, headers and type stubs.
+STRIP = re.compile(r"(^|/)(tests?|__pycache__|include)(/|$)|\.(pyc|pyi|pxd|h|c)$"
+                   r"|(^|/)numpy/(distutils|f2py|_pyinstaller|typing)(/|$)"
+                   r"|^bin/(?!python|activate$|activate\.|deactivate)|^bin/activate\.(csh|fish)$|^bin/Activate\.ps1$")
+
+
+def extra_strip(name: str, python: str) -> re.Pattern | None:
+    """Per-env strip rules beyond `STRIP`, for wheels that ship more than one env can use (part of the env's key).
+
+    dali: nvidia-dali and nvimgcodec ship their Python extension modules for every CPython (3.9…3.15t); only the
+    env's own is ever loaded. The portable runner decodes on the CPU (`device_id=None`), so nvimgcodec's GPU
+    codec extensions (nvJPEG, nvJPEG2000, nvTIFF; their CUDA libraries are not in the env) are dropped too.
+
+    openvino: the runner reads ONNX and runs on the CPU plugin; the GPU and NPU plugins (and the GPU kernel
+    cache), the other frontends and the conversion tools are never loaded.
+    """
+    if name == "openvino":
+        return re.compile(r"^openvino/libs/(libopenvino_intel_(gpu|npu)_plugin\.so|cache\.json"
+                          r"|libopenvino_(tensorflow|tensorflow_lite|paddle|pytorch|jax|gguf)_frontend\.so[.\d]*)$"
+                          r"|^openvino/(tools|frontend/(tensorflow|paddle|pytorch|jax))(/|$)")
+    if name != "dali":
+        return None
+    abi = python.replace(".", "")
+    return re.compile(rf"\.cpython-(?!{abi}-)\d+t?-x86_64-linux-gnu\.so$"
+                      r"|^nvidia/nvimgcodec/extensions/libnv(jpeg|jpeg2k|tiff)_ext\.so")
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    name: str
+    python: str  # the pin in environment.yml (the documented container's Python)
+    packages: tuple[str, ...]  # exact pip requirements
+    path: Path
+
+    @classmethod
+    def load(cls, name: str) -> EnvSpec:
+        import yaml
+
+        path = ENVS_DIR / name / "environment.yml"
+        if not path.exists():
+            raise EnvError(f"no environment {name!r} ({path} is missing); known: {', '.join(known_envs())}")
+        data = yaml.safe_load(path.read_text())
+        python, packages = None, []
+        for dep in data.get("dependencies", []):
+            if isinstance(dep, str) and dep.startswith("python"):
+                python = dep.split("=", 1)[1].lstrip("=")
+            elif isinstance(dep, dict):
+                packages += dep.get("pip", [])
+        if not python or not packages:
+            raise EnvError(f"{path}: needs a python=X.Y pin and a pip: list")
+        bad = [p for p in packages if "==" not in p]
+        if bad:
+            raise EnvError(f"{path}: pin every package exactly (==): {bad}")
+        return cls(name, python, tuple(packages), path)
+
+    def key(self, python: str) -> str:
+        """Identifies the packed bytes: packages, Python and the strip rules."""
+        extra = extra_strip(self.name, python)
+        text = json.dumps([self.packages, python, STRIP.pattern, 1] + ([extra.pattern] if extra else []))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def known_envs() -> list[str]:
+    return sorted(p.parent.name for p in ENVS_DIR.glob("*/environment.yml"))
+
+
+@dataclass(frozen=True)
+class PackedEnv:
+    name: str
+    python: str
+    path: Path
+    packages: tuple[str, ...]
+    method: str
+
+    @property
+    def filename(self) -> str:
+        return self.path.name
+
+    def info(self) -> dict:
+        return {"env": self.name, "file": self.filename, "python": self.python, "packages": list(self.packages),
+                "packed_with": self.method, "bytes": self.path.stat().st_size}
+
+
+def packer() -> str:
+    return "conda-pack" if shutil.which("conda") else "venv-pack"
+
+
+def pack_env(name: str, out_dir: Path = Path("dist/envs"), python: str | None = None,
+             method: str | None = None, force: bool = False) -> PackedEnv:
+    """`dist/envs/<name>-py<X.Y>.tar.gz`, built once per definition (a sidecar `.json` records what is in it).
+
+    `python`: the target's Python minor version (default: this interpreter's, which the local stub runs).
+    `method`: conda-pack (when conda is on PATH) or venv-pack.
+    """
+    spec = EnvSpec.load(name)
+    python = python or PYTHON_VERSION
+    method = method or packer()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"{name}-py{python}.tar.gz"
+    sidecar = target.with_suffix("").with_suffix(".json")
+    if not force and target.exists() and sidecar.exists():
+        meta = json.loads(sidecar.read_text())
+        if meta.get("key") == spec.key(python):
+            return PackedEnv(name, python, target, spec.packages, meta.get("packed_with", method))
+    if method not in ("conda-pack", "venv-pack"):
+        raise EnvError(f"unknown packer {method!r}: conda-pack or venv-pack")
+    with tempfile.TemporaryDirectory(prefix=f"env-{name}-", dir=out_dir) as tmp:
+        prefix = Path(tmp) / name
+        (_conda_env if method == "conda-pack" else _venv_env)(spec, python, prefix)
+        stats = pack_prefix(prefix, target, python, method)
+    sidecar.write_text(json.dumps({"env": name, "python": python, "packages": list(spec.packages),
+                                   "packed_with": method, "key": spec.key(python), **stats}, indent=2) + "\n")
+    return PackedEnv(name, python, target, spec.packages, method)
+
+
+def pack_prefix(prefix: Path, target: Path, python: str, method: str = "venv-pack") -> dict:
+    """Pack an environment folder with conda-pack or venv-pack, then rewrite it reproducibly into `target`."""
+    raw = target.with_name(f"{target.name}.{os.getpid()}.raw.tar.gz")
+    try:
+        if method == "conda-pack":
+            _run(["conda-pack", "-p", str(prefix), "-o", str(raw), "--ignore-missing-files", "-q"])
+        else:
+            _run([sys.executable, "-m", "venv_pack", "-p", str(prefix), "-o", str(raw), "--python-prefix", "/usr",
+                  "-q"])
+        return normalise_archive(raw, target, python)
+    finally:
+        raw.unlink(missing_ok=True)
+
+
+def _run(cmd: list[str]) -> None:
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise EnvError(f"{' '.join(cmd[:3])} … failed ({result.returncode}):\n{result.stderr[-3000:]}")
+
+
+def _interpreter(python: str) -> str:
+    if python == PYTHON_VERSION:
+        return sys.executable
+    candidates = [shutil.which(f"python{python}")] + sorted(
+        str(p) for p in Path.home().glob(f".pyenv/versions/{python}.*/bin/python{python}"))
+    for found in filter(None, candidates):  # a pyenv shim is on PATH even when its version is not selected
+        if subprocess.run([found, "-c", "pass"], capture_output=True).returncode == 0:
+            return found
+    raise EnvError(f"venv-pack needs a local python{python} to build a Python {python} env; install it, "
+                   f"or use conda (conda-pack builds any Python)")
+
+
+def _venv_env(spec: EnvSpec, python: str, prefix: Path) -> None:
+    _run([_interpreter(python), "-m", "venv", "--without-pip", str(prefix)])
+    _run([sys.executable, "-m", "pip", "--python", str(prefix / "bin" / "python"), "install", "--quiet",
+          "--no-compile", "--no-deps", "--disable-pip-version-check", *spec.packages])
+    strip_env(prefix, extra_strip(spec.name, python))
+    _check_imports(prefix / "bin" / "python", spec)
+
+
+def _conda_env(spec: EnvSpec, python: str, prefix: Path) -> None:  # pragma: no cover - no conda on CI
+    _run(["conda", "create", "--yes", "--quiet", "-p", str(prefix), "-c", "conda-forge", f"python={python}",
+          "pip"])
+    _run([str(prefix / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile", "--no-deps",
+          *spec.packages])
+    strip_env(prefix, extra_strip(spec.name, python))
+    _check_imports(prefix / "bin" / "python", spec)
+
+
+def strip_env(prefix: Path, extra: re.Pattern | None = None) -> int:
+    """Delete what no served model imports (`STRIP`, and `extra` for this env) and the `lib64` alias (venv-pack
+    would pack a second copy of site-packages through it); drop the deleted files from each wheel's RECORD.
+    Returns the bytes freed."""
+    freed = 0
+    if (prefix / "lib64").is_symlink():
+        (prefix / "lib64").unlink()
+    for path in sorted(prefix.rglob("*"), reverse=True):
+        rel = path.relative_to(prefix).as_posix()
+        site = re.sub(r"^lib/python\d+\.\d+/site-packages/", "", rel)
+        if not (STRIP.search(site) or (extra is not None and extra.search(site))):
+            continue
+        if path.is_symlink() or path.is_file():
+            freed += path.lstat().st_size
+            path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)
+    for record in prefix.glob("lib/python*/site-packages/*.dist-info/RECORD"):
+        site = record.parent.parent
+        lines = record.read_text().splitlines()
+        kept = [line for line in lines if (site / line.split(",", 1)[0]).exists()]
+        record.write_text("".join(f"{line}\n" for line in kept))
+    return freed
+
+
+def _check_imports(python: Path, spec: EnvSpec) -> None:
+    env = ENVIRONMENTS.get(spec.name)
+    modules = sorted((env.provides | set(env.import_check) if env else set()) | {"numpy"})
+    _run([str(python), "-c", "; ".join(f"import {m}" for m in modules)])
+
+
+def _pyvenv_cfg(data: bytes) -> bytes:
+    """pyvenv.cfg without the build machine's paths: `home` points at the container's interpreter folder."""
+    lines = []
+    for line in data.decode().splitlines():
+        key = line.split("=", 1)[0].strip()
+        if key in ("command", "executable"):
+            continue
+        lines.append("home = /usr/bin" if key == "home" else line)
+    return ("\n".join(lines) + "\n").encode()
+
+
+def normalise_archive(source: Path, target: Path, python: str) -> dict:
+    """Rewrite a packed env reproducibly: drop duplicate entries, sort, fixed metadata, no build paths."""
+    entries: dict[str, tuple[tarfile.TarInfo, bytes | None]] = {}
+    with tarfile.open(source, "r:*") as tar:
+        for member in tar:
+            name = normalise_name(member.name)
+            if not name:
+                continue
+            data = tar.extractfile(member).read() if member.isfile() else None
+            if name == "pyvenv.cfg" and data is not None:
+                data = _pyvenv_cfg(data)
+            if member.issym() and name.startswith("bin/") and member.linkname.startswith("/"):
+                member.linkname = f"/usr/bin/python{python}"  # the container's interpreter, not the builder's
+            member.name = name
+            entries[name] = (member, data)  # a later duplicate (venv-pack writes pyvenv.cfg twice) wins
+    if not any(n.startswith(f"lib/python{python}/") for n in entries):
+        raise EnvError(f"{source}: no lib/python{python}/ inside; the env was not built for Python {python}")
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.partial")  # concurrent packers never share a file
+    uncompressed = 0
+    with open(tmp, "wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=FIXED_MTIME, compresslevel=9) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as out:
+        for name in sorted(entries):
+            member, data = entries[name]
+            member.mtime = FIXED_MTIME
+            member.uid = member.gid = 0
+            member.uname = member.gname = ""
+            member.pax_headers = {}
+            if member.isdir() or member.mode & 0o111:
+                member.mode = 0o755
+            elif not member.issym():
+                member.mode = 0o644
+            if data is not None:
+                member.size = len(data)
+                uncompressed += len(data)
+                out.addfile(member, io.BytesIO(data))
+            else:
+                out.addfile(member)
+    tmp.replace(target)
+    return {"files": len(entries), "uncompressed_bytes": uncompressed, "compressed_bytes": target.stat().st_size}
+
+

@@ -1,0 +1,74 @@
+"""Python-backend model code under test, straight from `models/<name>/`: pure logic modules, and model.py adapters
+run with the fake pb_utils. Nothing they put on sys.path or into sys.modules outlives the `with` block."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from types import ModuleType
+
+from tests import fake_pb_utils
+from tritonpack.components import MODELS_DIR, SHARED_DIR, ModelFolder
+
+
+@contextmanager
+def imports_from(source: str) -> Iterator[None]:
+    """`models/<source>/` and `models/shared/` first on sys.path, as the stub has the version folder; afterwards
+    sys.path is as it was and every module imported from models/ is gone from sys.modules."""
+    saved, before = list(sys.path), set(sys.modules)
+    sys.path[:0] = [str(MODELS_DIR / source), str(SHARED_DIR)]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+        for name in set(sys.modules) - before:
+            if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(MODELS_DIR)):
+                del sys.modules[name]
+
+
+def load(source: str, module: str) -> ModuleType:
+    """`models/<source>/<module>.py` (or a shared module), imported with its siblings."""
+    with imports_from(source):
+        return importlib.import_module(module)
+
+
+@contextmanager
+def fake_server() -> Iterator:
+    """`load_model(folder)` → an initialized TritonPythonModel from the folder's model.py (the file in models/),
+    with the fake pb_utils; the folder's other files (artifacts, tokenizer.json) are linked into a temporary
+    version folder."""
+    import tempfile
+
+    from google.protobuf import json_format
+
+    with ExitStack() as stack:
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="model-under-test-")))
+        saved = sys.modules.get("triton_python_backend_utils")
+        sys.modules["triton_python_backend_utils"] = fake_pb_utils.module()
+        stack.callback(lambda: sys.modules.pop("triton_python_backend_utils") if saved is None
+                       else sys.modules.__setitem__("triton_python_backend_utils", saved))
+
+        def load_model(folder: ModelFolder):
+            name = folder.spec.name
+            for relative, path in folder.files.items():
+                if not relative.endswith(".py"):
+                    (root / name / relative).parent.mkdir(parents=True, exist_ok=True)
+                    (root / name / relative).symlink_to(Path(path).resolve())
+            source = Path(folder.files["1/model.py"])
+            stack.enter_context(imports_from(source.parent.name))
+            spec = importlib.util.spec_from_file_location(f"model_{uuid.uuid4().hex}", source)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            config = json_format.MessageToDict(folder.spec.to_proto(), preserving_proto_field_name=True)
+            model = module.TritonPythonModel()
+            model.initialize({"model_config": json.dumps(config), "model_repository": str(root / name),
+                              "model_version": "1", "model_name": name})
+            return model
+
+        yield load_model

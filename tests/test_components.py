@@ -1,0 +1,58 @@
+"""Model folders carry exactly the modules their model.py needs; contracts and I/O names."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.model_folders import imports_from, load
+from tritonpack import contracts
+from tritonpack.components import MODELS_DIR, Artifact, StepSettings, framework_model, model_sources
+from tritonpack.errors import SpecError
+from tritonpack.spec import Tensor
+
+
+def test_model_sources_are_model_and_what_it_imports_when_folder_is_built():
+    assert sorted(model_sources("tokenizer")) == ["batched_requests.py", "model.py", "tokenize_text.py"]
+    assert sorted(model_sources("mean_pooling")) == ["batched_requests.py", "model.py", "pooling.py"]
+    assert sorted(model_sources("dali_runner")) == ["batched_requests.py", "image_header.py", "model.py",
+                                                    "serialized_pipeline.py"]
+
+
+@pytest.mark.parametrize("framework", ["onnx", "openvino", "torchscript", "graphdef"])
+def test_framework_runner_gets_only_its_own_session_module_when_built_for_a_framework(framework, tmp_path):
+    folder = framework_model("m", Artifact(framework, tmp_path / "x"), "portable", (Tensor("X", "TYPE_FP32", (-1,)),),
+                             (Tensor("Y", "TYPE_FP32", (-1,)),), StepSettings(4, None))
+    sessions = sorted(name for name in folder.files if name.endswith("_session.py"))
+    runner = dict(folder.spec.parameters)["framework"]
+    assert sessions == [f"1/{runner}_session.py"]
+    assert (MODELS_DIR / "framework_runner" / f"{runner}_session.py").is_file()
+
+
+def test_model_imports_leave_sys_path_and_modules_as_they_were_when_the_block_ends():
+    path = list(sys.path)
+    with imports_from("tokenizer"):
+        import tokenize_text  # noqa: F401
+
+        assert "batched_requests" in sys.modules
+    assert sys.path == path and "tokenize_text" not in sys.modules and "batched_requests" not in sys.modules
+    assert callable(load("mean_pooling", "pooling").mean_pool)
+    assert sys.path == path and "pooling" not in sys.modules
+
+
+def test_io_names_parse_input_and_output_when_given_as_in_colon_out():
+    assert contracts.IoNames.parse("INPUT0:OUTPUT0") == contracts.IoNames("INPUT0", "OUTPUT0")
+    assert str(contracts.IoNames("INPUT0", "OUTPUT0")) == "INPUT0:OUTPUT0"
+
+
+@pytest.mark.parametrize("text", ["INPUT0", "A:A", ":B", "a b:c"])
+def test_io_names_are_rejected_with_reason_when_malformed(text):
+    with pytest.raises(SpecError):
+        contracts.IoNames.parse(text)
+
+
+def test_image_array_pads_rows_with_zeros_when_images_differ_in_length():
+    batch = contracts.image_array([b"\xff\xd8abc", b"\x89P"])
+    assert batch.shape == (2, 5) and batch.dtype.name == "uint8"
+    assert bytes(batch[1]) == b"\x89P\x00\x00\x00"
