@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
 
 import numpy as np
@@ -92,19 +94,17 @@ def test_resnet_trt_gpu_config_has_profile_and_warmup_at_128_when_plan_build_is_
     import tritonpack.assembly.image
     from tritonpack.cache import Producer
 
-    seen = {}
-
-    def fake_plan(out_dir, onnx, profiles, fp16):
-        seen.update(onnx=onnx, profiles=profiles, fp16=fp16)
-        (out_dir / "model.plan").write_bytes(b"not a real plan")
+    def fake_plan(out_dir, onnx, profiles, fp16):  # the "plan" records what the builder asked for
+        (out_dir / "model.plan").write_text(json.dumps({"onnx": onnx.name, "fp16": fp16,
+                                                        "profiles": [dataclasses.asdict(p) for p in profiles]}))
 
     # its own kind: a real build never finds the stub's output in the shared cache
     monkeypatch.setattr(tritonpack.assembly.image, "tensorrt_plan", Producer("tensorrt-plan-stub", fake_plan))
     result = build(BuildRequest("resnet_trt", "gpu", fp16=True, dist=_dist_sharing_cache(tmp_path, test_dist)))
-    (profile,) = seen["profiles"]
-    assert (profile.name, profile.min, profile.max) == ("input", (1, 3, 224, 224), (128, 3, 224, 224))
-    assert seen["fp16"] and seen["onnx"].name == "model.onnx"
-    assert (result.repository / "resnet_trt_classifier" / "1" / "model.plan").read_bytes() == b"not a real plan"
+    asked = json.loads((result.repository / "resnet_trt_classifier" / "1" / "model.plan").read_text())
+    (profile,) = asked["profiles"]
+    assert (profile["name"], profile["min"], profile["max"]) == ("input", [1, 3, 224, 224], [128, 3, 224, 224])
+    assert asked["fp16"] and asked["onnx"] == "model.onnx"
     configs = _configs(result.repository)
     classifier = configs["resnet_trt_classifier"]
     assert classifier.platform == "tensorrt_plan" and classifier.max_batch_size == 128
