@@ -179,8 +179,7 @@ def _model_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_sour
         if not sub and not files:
             problems.append(Problem(vdir, "version", "empty version folder"))
             continue
-        per_gpu = _per_gpu_plan_problems(tree, vdir, cfg, expected)
-        problems.extend(per_gpu)
+        problems.extend(_per_gpu_plan_problems(tree, vdir, cfg, expected))
         if expected is None:
             warnings.append(Problem(config_path, "backend", f"artifact of backend {kind!r} not checked"))
         elif not any(tree.exists(f"{vdir}/{name}") for name in expected):
@@ -188,7 +187,7 @@ def _model_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_sour
                 "platform" if cfg.platform else "backend")
             missing = Problem(f"{vdir}/{expected[0]}", field_name,
                               f"missing: {kind} loads {' or '.join(expected)} from each version folder")
-            if cfg.cc_model_filenames and not per_gpu:
+            if cfg.cc_model_filenames:
                 warnings.append(Problem(missing.file, missing.field, f"missing: a GPU whose compute capability is "
                                                                      f"not in cc_model_filenames loads "
                                                                      f"{expected[0]}"))

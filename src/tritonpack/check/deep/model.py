@@ -118,11 +118,11 @@ class Findings:
 
     def load_fails(self, where: str, message: str) -> None:
         """`message`: what the backend answers when Triton loads the model, which then stays unavailable."""
-        self.problem(where, f"{message}; {self.backend} refuses to load the model")
+        self.problem(where, f"{message.rstrip('.')}; {self.backend} refuses to load the model")
 
     def request_fails(self, where: str, message: str, which: str = "every request") -> None:
         """`message`: what the backend or framework answers to a request; the model loads."""
-        self.problem(where, f"{message}; the model loads, then {self.backend} fails {which}")
+        self.problem(where, f"{message.rstrip('.')}; the model loads, then {self.backend} fails {which}")
 
     def warning(self, where: str, reason: str) -> None:
         self.warnings.append(Problem(self.label, where, reason))

@@ -55,8 +55,7 @@ def check_graphdef(model: DeepModel, out: Findings) -> None:
         if shape.rank is not None and not tensor.ragged:
             dims = tuple(-1 if d is None else d for d in shape.as_list())
             if mismatch := dims_mismatch(dims, tensor, model.max_batch_size, exact=False):
-                out.request_fails(f"input[{tensor.name}].dims", f"placeholder '{tensor.name}': {mismatch}; "
-                                                                f"TensorFlow refuses the fed tensor")
+                out.request_fails(f"input[{tensor.name}].dims", f"placeholder '{tensor.name}': {mismatch}")
     for tensor in model.outputs:
         if tensor.name not in others:
             out.load_fails(f"output[{tensor.name}]", f"unexpected inference output '{tensor.name}': no node of "

@@ -8,6 +8,8 @@ was built for (hence `cc_model_filenames`, one plan per compute capability).
 
 from __future__ import annotations
 
+import numpy as np
+
 from tritonpack.check.deep.model import DeepModel, DimsRule, Findings, dims_mismatch, shape_text, triton_type
 
 TENSORRT_DIMS = DimsRule(batch_must_be_dynamic=False, config_wildcard=True)  # outputs compared like inputs
@@ -56,7 +58,7 @@ def _check_engine(trt, model: DeepModel, out: Findings, engine) -> None:
             if is_input[tensor.name] != (kind == "input"):
                 out.load_fails(where, f"{kind} '{tensor.name}' is expected to be an {kind} in model")
                 continue
-            data_type = triton_type(trt.nptype(engine.get_tensor_dtype(tensor.name)).__name__)
+            data_type = triton_type(np.dtype(trt.nptype(engine.get_tensor_dtype(tensor.name))).name)
             if data_type != tensor.data_type:
                 out.load_fails(f"{where}.data_type", f"unexpected datatype {data_type} for inference {kind} "
                                                      f"'{tensor.name}', expecting {tensor.data_type}")
