@@ -28,7 +28,7 @@ def check_openvino(model: DeepModel, out: Findings) -> None:
     expected = expected_input_count(model)
     if len(network.inputs) != expected:
         out.load_fails("input", f"configuration expects {expected} inputs, model provides {len(network.inputs)}")
-    reshaped = model.parameter("RESHAPE_IO_LAYERS") in ("yes", "true", "1")
+    reshaped = (model.parameter("RESHAPE_IO_LAYERS") or "").lower() == "yes"  # ParseBoolParameter: "yes" only
     for kind, ports, tensors in (("input", network.inputs, model.inputs), ("output", network.outputs, model.outputs)):
         by_name = {port.get_any_name(): port for port in ports}
         for tensor in tensors:
