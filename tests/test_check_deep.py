@@ -135,6 +135,20 @@ def swap_first_inputs(config) -> None:
     config.input[1].CopyFrom(second)
 
 
+def traced_for_batch_1(repo: Path) -> None:
+    """Replace the classifier with a TorchScript traced at batch 1 whose reshape kept that 1: it loads and answers
+    one image per batch, whatever the batch (a common export mistake the dynamic batcher then exposes)."""
+    import torch
+
+    class FirstRowScores(torch.nn.Module):
+        def forward(self, pixels):
+            return pixels.reshape(1, -1)[:, :1000]
+
+    path = repo / PT / "1" / "model.pt"
+    path.unlink()
+    torch.jit.trace(FirstRowScores(), torch.zeros(1, 3, 224, 224)).save(str(path))
+
+
 @dataclass(frozen=True)
 class Broken:
     """One rule: the repository it breaks, how, and the line `--deep` must print (`reason` is a part of it)."""
@@ -180,8 +194,11 @@ CORPUS = {
     # pytorch_libtorch
     "torchscript_output_dims": Broken(("resnet_pt", "cpu"), lambda r: set_field(r, {
         (PT, "OUTPUT__0"): {"dims": [999]}, ("resnet_pt", "SCORES"): {"dims": [999]}}),
-        f"{PT}/1/model.pt", "output[OUTPUT__0].dims", "the model returns shape [1,1000] for a batch of 1 but the "
+        f"{PT}/1/model.pt", "output[OUTPUT__0].dims", "the model returns shape [2,1000] for a batch of 2 but the "
                                                        "config declares [-1,999]"),
+    "torchscript_traced_for_batch_1": Broken(("resnet_pt", "cpu"), traced_for_batch_1, f"{PT}/1/model.pt",
+                                             "output[OUTPUT__0].dims", "the model returns shape [1,1000] for a batch "
+                                                                       "of 2 but the config declares [-1,1000]"),
     "torchscript_output_added": Broken(("resnet_pt", "cpu"), lambda r: add_output(r, PT, "OUTPUT__1", [1000]),
                                        f"{PT}/1/model.pt", "output[OUTPUT__1]",
                                        "refers to an output index which doesn't exist. This model has 1 outputs; the "
@@ -226,7 +243,7 @@ CORPUS = {
                                                             "TYPE_FP16"),
     "graphdef_output_dims": Broken(("dali_inception", "cpu"), lambda r: set_field(r, {
         (TF, TF_OUT): {"dims": [1000]}, ("dali_inception", "SCORES"): {"dims": [1000]}}),
-        f"{TF}/1/model.graphdef", f"output[{TF_OUT}].dims", "the model returns shape [1,1001] for a batch of 1 but "
+        f"{TF}/1/model.graphdef", f"output[{TF_OUT}].dims", "the model returns shape [2,1001] for a batch of 2 but "
                                                             "the config declares [-1,1000]"),
     # dali (model.dali on cpu, dali.py on gpu)
     "dali_input_renamed": Broken(("resnet_pt", "cpu"), lambda r: rename(r, "resnet_pt", PRE, "IMAGE", "ENCODED"),
@@ -247,7 +264,7 @@ CORPUS = {
                                                     "config ([-1,-1]), 1 in pipeline"),
     "dali_output_layout": Broken(("resnet_pt", "cpu"), lambda r: set_field(r, {
         (PRE, "PIXELS"): {"dims": [224, 224, 3]}, (PT, "INPUT__0"): {"dims": [224, 224, 3]}}),
-        f"{PRE}/1/model.dali", "output[PIXELS].dims", "the model returns shape [1,3,224,224] for a batch of 1 but "
+        f"{PRE}/1/model.dali", "output[PIXELS].dims", "the model returns shape [2,3,224,224] for a batch of 2 but "
                                                       "the config declares [-1,224,224,3]"),
     "dali_num_threads": Broken(("resnet_pt", "cpu"), lambda r: edit(
         r, PRE, lambda c: setattr(c.parameters["num_threads"], "string_value", "two")),
@@ -260,7 +277,8 @@ CORPUS = {
                                     "Configuration file contains config for ENCODED but such input is not present"),
     "dali_py_without_autoserialize": Broken(("resnet_pt", "gpu"), lambda r: rewrite_file(
         r / PRE / "1" / "dali.py", "@autoserialize\n", ""),
-        f"{PRE}/1/dali.py", "file", "Precisely one autoserialize function must exist in the module. Found none."),
+        f"{PRE}/1/dali.py", "file", "Precisely one autoserialize function must exist in the module. Found none; "
+                                    "dali refuses"),
     # tensorrt_plan
     "plan_on_cpu_instance": Broken(("resnet_trt", "gpu"), lambda r: set_kind(r, "resnet_trt_classifier", "KIND_CPU"),
                                    "resnet_trt_classifier/1/model.plan", "instance_group.kind",

@@ -220,7 +220,7 @@ def _trial_run(model: DeepModel, out: Findings, serialized: bytes) -> None:
                                     exec_async=False, exec_pipelined=False)
         pipe.build()
         for tensor in model.inputs:
-            pipe.feed_input(tensor.name, [sample(tensor)])
+            pipe.feed_input(tensor.name, [sample(tensor)] * max(1, model.trial_batch))
         results = pipe.run()
     except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError subclasses with multi-line text
         out.request_fails("run", f"DALI fails on a JPEG image and inputs shaped from the config: {error_text(e)}")
@@ -228,5 +228,5 @@ def _trial_run(model: DeepModel, out: Findings, serialized: bytes) -> None:
     returned = {}
     for tensor, result in zip(model.outputs, results):
         value = np.asarray(result.at(0))
-        returned[tensor.name] = ((1,) + value.shape, value.dtype.name)
+        returned[tensor.name] = ((len(result),) + value.shape, value.dtype.name)
     compare_trial_outputs(model, out, returned)

@@ -24,6 +24,7 @@ NUMPY_OF_TRITON = {
 }
 TRITON_OF_NUMPY = {v: k for k, v in NUMPY_OF_TRITON.items()}
 DYNAMIC_SIZE = 8  # what a -1 dimension becomes in the inputs of the trial run (tokens, pixels, elements)
+TRIAL_BATCH = 2  # a batched model's trial run takes 2 rows: an artifact exported for batch 1 shows it
 
 
 def triton_type(numpy_name: str) -> str:
@@ -89,12 +90,17 @@ class DeepModel:
     def parameter(self, key: str) -> str | None:
         return self.config.parameters[key].string_value if key in self.config.parameters else None
 
+    @property
+    def trial_batch(self) -> int:
+        """Rows in the trial run's batch (0: the model is not batched)."""
+        return min(TRIAL_BATCH, self.max_batch_size) if self.max_batch_size > 0 else 0
+
     def sample(self, tensor: ConfigTensor) -> np.ndarray:
-        """A request-shaped input for the trial run: batch 1 when batched, -1 dimensions of DYNAMIC_SIZE, ones
-        (valid token ids, masks and segment ids alike; b"text" for strings). A ragged input reaches the model
-        as the backends hand it over: the batch's elements concatenated into one flat tensor."""
+        """A batch for the trial run: `trial_batch` rows when batched, -1 dimensions of DYNAMIC_SIZE, ones (valid
+        token ids, masks and segment ids alike; b"text" for strings). A ragged input reaches the model as the
+        backends hand it over: the batch's elements concatenated into one flat tensor."""
         shape = tuple(DYNAMIC_SIZE if d == -1 else d for d in tensor.full_shape(self.max_batch_size))
-        shape = (1,) + shape[1:] if self.max_batch_size > 0 else shape
+        shape = (self.trial_batch,) + shape[1:] if self.trial_batch else shape
         if tensor.ragged:
             shape = (int(np.prod(shape)),)
         if tensor.data_type == "TYPE_STRING":
@@ -174,13 +180,15 @@ def dims_mismatch(model_shape: tuple[int, ...], tensor: ConfigTensor, max_batch_
             f"configuration specifies {len(full)} dimensions (shape {shape_text(full)}{batch})")
 
 
-def output_shape_mismatch(shape: tuple[int, ...], tensor: ConfigTensor, max_batch_size: int) -> str | None:
-    """The shape a trial run returned (batch 1 when batched) against the config's; None when it fits."""
-    full = tensor.full_shape(max_batch_size)
+def output_shape_mismatch(shape: tuple[int, ...], tensor: ConfigTensor, batch: int) -> str | None:
+    """The shape a trial run of `batch` rows returned (0: not batched) against the config's; None when it fits.
+    A batched model's first dimension must be the batch: the backend splits it into the requests' responses."""
+    full = ((batch,) + tensor.dims) if batch else tensor.dims
     if len(shape) == len(full) and all(c in (-1, s) for s, c in zip(shape, full)):
         return None
-    batch = " for a batch of 1" if max_batch_size > 0 else ""
-    return f"the model returns shape {shape_text(shape)}{batch} but the config declares {shape_text(full)}"
+    declared = shape_text(((-1,) if batch else ()) + tensor.dims)
+    return f"the model returns shape {shape_text(shape)}{f' for a batch of {batch}' if batch else ''} but the " \
+           f"config declares {declared}"
 
 
 def error_text(error: BaseException) -> str:
@@ -203,7 +211,7 @@ def compare_trial_outputs(model: DeepModel, out: Findings, returned: dict[str, t
         if dtypes and triton_type(dtype) != tensor.data_type:
             out.problem(f"output[{tensor.name}].data_type", f"the model returns {triton_type(dtype)} but the config "
                                                             f"declares {tensor.data_type}")
-        if mismatch := output_shape_mismatch(shape, tensor, model.max_batch_size):
+        if mismatch := output_shape_mismatch(shape, tensor, model.trial_batch):
             out.problem(f"output[{tensor.name}].dims", f"{mismatch}; Triton passes the returned shape on, so the "
                                                        f"next ensemble step or the client gets a tensor the config "
                                                        f"does not declare")
