@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from tritonpack.archive import ArchiveLimits
-from tritonpack.check.deep.model import DeepModel, Findings
+from tritonpack.check.deep.model import DeepModel, Findings, TrialInputUnavailable
 from tritonpack.check.structure import ARTIFACTS
 from tritonpack.check.tree import extract_members
 
@@ -63,8 +63,7 @@ def artifacts(version_dir: Path, config) -> list[Path]:
     kind = _kind(config)
     default = config.default_model_filename or ARTIFACTS.get(kind, ("",))[0]
     if kind == "dali":
-        candidates = [version_dir / default, version_dir / "dali.py"]
-        return [next(p for p in candidates if p.exists())] if any(p.exists() for p in candidates) else []
+        return [p for p in (version_dir / default, version_dir / "dali.py") if p.exists()][:1]
     names = [default] + sorted(set(config.cc_model_filenames.values()) - {default})
     return [version_dir / n for n in names if n and (version_dir / n).exists()]
 
@@ -72,9 +71,9 @@ def artifacts(version_dir: Path, config) -> list[Path]:
 def _check_models(root: Path, native: dict, total: Findings) -> None:
     for folder, config in sorted(native.items()):
         model_dir = root / folder
-        versions = sorted(p.name for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()) \
-            if model_dir.is_dir() else []
-        for version in versions:
+        if not model_dir.is_dir():
+            continue
+        for version in sorted((p.name for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=int):
             for artifact in artifacts(model_dir / version, config):
                 model = DeepModel(folder, version, artifact, config)
                 findings = Findings(model.label, _kind(config))
@@ -92,3 +91,5 @@ def _apply_rules(model: DeepModel, out: Findings) -> None:
         getattr(importlib.import_module(f"{__name__}.{module}"), function)(model, out)
     except ImportError as e:  # a framework this machine lacks: the check cannot run, the model may be fine
         out.not_checked(out.backend, f"{e.name or e} is not installed here, so the artifact was not opened")
+    except TrialInputUnavailable as e:
+        out.not_checked("run", str(e))

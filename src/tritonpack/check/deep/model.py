@@ -27,6 +27,10 @@ DYNAMIC_SIZE = 8  # what a -1 dimension becomes in the inputs of the trial run (
 TRIAL_BATCH = 2  # a batched model's trial run takes 2 rows: an artifact exported for batch 1 shows it
 
 
+class TrialInputUnavailable(Exception):
+    """An input the trial run cannot make (numpy has no bfloat16): the artifact is checked but not run."""
+
+
 def triton_type(numpy_name: str) -> str:
     """TYPE_* of a numpy-style dtype name ("float32", "object"), or the name itself when Triton has none."""
     return TRITON_OF_NUMPY.get(numpy_name, numpy_name)
@@ -82,6 +86,16 @@ class DeepModel:
         return tuple(ConfigTensor.of(io) for io in self.config.output)
 
     @property
+    def expected_input_count(self) -> int:
+        """Config inputs plus batch inputs, sequence controls and states: what the backends count against the
+        model's inputs."""
+        cfg = self.config
+        count = len(cfg.input) + len(cfg.batch_input)
+        if cfg.HasField("sequence_batching"):
+            count += len(cfg.sequence_batching.control_input) + len(cfg.sequence_batching.state)
+        return count
+
+    @property
     def instance_kinds(self) -> set[str]:
         """Kinds of the instance groups; Triton's default (no group) is KIND_AUTO."""
         kinds = {mc.ModelInstanceGroup.Kind.Name(g.kind) for g in self.config.instance_group if g.count != 0}
@@ -105,6 +119,9 @@ class DeepModel:
             shape = (int(np.prod(shape)),)
         if tensor.data_type == "TYPE_STRING":
             return np.full(shape, b"text", dtype=object)
+        if tensor.data_type in ("TYPE_BF16", "TYPE_INVALID"):
+            raise TrialInputUnavailable(f"input '{tensor.name}' is {tensor.data_type}, which numpy cannot make: the "
+                                        f"artifact was checked but not run")
         return np.ones(shape, dtype=NUMPY_OF_TRITON[tensor.data_type])
 
 
@@ -212,6 +229,9 @@ def compare_trial_outputs(model: DeepModel, out: Findings, returned: dict[str, t
             out.problem(f"output[{tensor.name}].data_type", f"the model returns {triton_type(dtype)} but the config "
                                                             f"declares {tensor.data_type}")
         if mismatch := output_shape_mismatch(shape, tensor, model.trial_batch):
-            out.problem(f"output[{tensor.name}].dims", f"{mismatch}; Triton passes the returned shape on, so the "
-                                                       f"next ensemble step or the client gets a tensor the config "
-                                                       f"does not declare")
+            batch = model.trial_batch
+            consequence = ("the backend splits the first dimension into the batched requests' responses, so they "
+                           "get wrong rows or fail" if batch and (not shape or shape[0] != batch) else
+                           "Triton passes the returned shape on, so the next ensemble step or the client gets a "
+                           "tensor the config does not declare")
+            out.problem(f"output[{tensor.name}].dims", f"{mismatch}; {consequence}")

@@ -23,15 +23,6 @@ def _tensor_info(arg) -> tuple[str, tuple[int, ...]]:
     return triton_type(_ORT_NUMPY.get(element, element)), shape
 
 
-def expected_input_count(model: DeepModel) -> int:
-    """Config inputs plus batch inputs, sequence controls and states: what the backend counts against the graph."""
-    cfg = model.config
-    count = len(cfg.input) + len(cfg.batch_input)
-    if cfg.HasField("sequence_batching"):
-        count += len(cfg.sequence_batching.control_input) + len(cfg.sequence_batching.state)
-    return count
-
-
 def check_onnxruntime(model: DeepModel, out: Findings) -> None:
     import onnxruntime as ort
 
@@ -45,7 +36,7 @@ def check_onnxruntime(model: DeepModel, out: Findings) -> None:
     initializers = {a.name: _tensor_info(a) for a in session.get_overridable_initializers()}
     graph_outputs = {a.name: _tensor_info(a) for a in session.get_outputs()}
     before = len(out.problems)
-    expected = expected_input_count(model)
+    expected = model.expected_input_count
     if len(graph_inputs) != expected:
         out.load_fails("input", f"configuration expects {expected} inputs, model provides {len(graph_inputs)}")
     feedable = {**graph_inputs, **initializers}

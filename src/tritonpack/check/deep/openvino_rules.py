@@ -9,7 +9,6 @@ reshapes the batch dimension to `max_batch_size`, and a dynamic model dimension 
 from __future__ import annotations
 
 from tritonpack.check.deep.model import DeepModel, DimsRule, Findings, dims_mismatch, error_text
-from tritonpack.check.deep.onnxruntime_rules import expected_input_count
 
 OPENVINO_DIMS = DimsRule(batch_must_be_dynamic=False, skip_batch_axis=True, config_wildcard=True,
                          model_wildcard_always=True)
@@ -25,7 +24,7 @@ def check_openvino(model: DeepModel, out: Findings) -> None:
     except Exception as e:  # noqa: BLE001 - OpenVINO raises its own exception types for unreadable models
         out.load_fails("file", f"OpenVINO cannot read it: {error_text(e)}")
         return
-    expected = expected_input_count(model)
+    expected = model.expected_input_count
     if len(network.inputs) != expected:
         out.load_fails("input", f"configuration expects {expected} inputs, model provides {len(network.inputs)}")
     reshaped = (model.parameter("RESHAPE_IO_LAYERS") or "").lower() == "yes"  # ParseBoolParameter: "yes" only

@@ -45,31 +45,31 @@ def check_pytorch(model: DeepModel, out: Findings) -> None:
     except Exception as e:  # noqa: BLE001 - torch raises RuntimeError and others for files that are not TorchScript
         out.load_fails("file", f"torch.jit.load cannot load it: {error_text(e)}")
         return
-    arguments = [a for a in module.forward.schema.arguments if a.type.kind() != "ClassType"]
+    arguments = [a for a in module.forward.schema.arguments if a.type.kind() != "ClassType"]  # not `self`
     before = len(out.problems)
-    dict_input = len(arguments) == 1 and arguments[0].type.kind() == "DictType"
-    if not dict_input:
-        _check_signature(model, out, arguments)
     _check_types(model, out)
-    names = [t.name for t in model.inputs]
-    convention, positions = ("dictionary keys", {}) if dict_input else input_positions(
-        names, [a.name for a in arguments])
-    if not dict_input and len(out.problems) == before:
-        _check_input_positions(model, out, convention, positions, [a.name for a in arguments])
+    if len(arguments) == 1 and arguments[0].type.kind() == "DictType":  # the config's names are the keys
+        if len(out.problems) == before:
+            _trial_run(model, out, module, None, 1)
+        return
+    _check_signature(model, out, arguments)
+    names = [a.name for a in arguments]
+    convention, positions = input_positions([t.name for t in model.inputs], names)
     if len(out.problems) == before:
-        _trial_run(model, out, module, positions if not dict_input else None, len(arguments))
+        _check_input_positions(model, out, convention, positions, names)
+    if len(out.problems) == before:
+        _trial_run(model, out, module, positions, len(arguments))
 
 
 def _check_signature(model: DeepModel, out: Findings, arguments) -> None:
-    kinds = [a.type.kind() for a in arguments]
-    if kinds.count("DictType") > 0:
+    if any(a.type.kind() == "DictType" for a in arguments[1:]):
         out.load_fails("input", "Multiple inputs of kind DictType were detected. Only a single input of type "
                                 "Dict(str, Tensor) is supported.")
     elif bad := [a for a in arguments if a.type.kind() not in ("TensorType", "ListType")]:
         out.load_fails("input", f"An input of type '{bad[0].type}' was detected in the model. Only a single input "
                                 f"of type Dict(str, Tensor) or input(s) of type Tensor are supported.")
-    elif len(arguments) != len(model.config.input):
-        out.load_fails("input", f"configuration expects {len(model.config.input)} inputs, model provides "
+    elif len(arguments) != model.expected_input_count:
+        out.load_fails("input", f"configuration expects {model.expected_input_count} inputs, model provides "
                                 f"{len(arguments)}")
 
 
