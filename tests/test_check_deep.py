@@ -432,8 +432,8 @@ def test_check_cli_deep_prints_problems_and_what_was_not_checked(native_reposito
         "not checked: resnet_trt_classifier/1/model.plan: file: TensorRT is not installed here: the plan's bindings "
         "and profiles were not read and it was not run (executing a plan needs TensorRT on a GPU of the architecture "
         "it was built for)",
-        "not checked: resnet_trt_preprocess/1/dali.py: run: a GPU pipeline (mixed or gpu operators): its inputs, "
-        "outputs and dtypes were checked; it was not run, which needs CUDA"]
+        "not checked: resnet_trt_preprocess/1/dali.py: run: a GPU pipeline (mixed or gpu operators): its "
+        "external_source names, declared dtypes and output count were checked; it was not run, which needs CUDA"]
     broken = hand_assembled(native_repository("bert", "cpu"), tmp_path / "repo")
     CORPUS["onnx_output_added"].mutate(broken)
     assert main(["check", str(broken), "--deep"]) == 1

@@ -126,8 +126,8 @@ def check_dali(model: DeepModel, out: Findings) -> None:
     if len(out.problems) > before:
         return
     if on_gpu:
-        out.not_checked("run", "a GPU pipeline (mixed or gpu operators): its inputs, outputs and dtypes were checked; "
-                               "it was not run, which needs CUDA")
+        out.not_checked("run", "a GPU pipeline (mixed or gpu operators): its external_source names, declared dtypes "
+                               "and output count were checked; it was not run, which needs CUDA")
     else:
         _trial_run(model, out, serialized)
 
