@@ -123,7 +123,7 @@ def as_openvino(repo: Path) -> None:
 def rewrite_file(path: Path, old: str, new: str) -> None:
     text = path.read_text()
     assert old in text, f"{old!r} not in {path}"
-    path.unlink()  # it may be a hard link to the build's file
+    path.unlink()  # replaced, never written through: artifacts are hard links to the build's files
     path.write_text(text.replace(old, new))
 
 
