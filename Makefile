@@ -52,8 +52,8 @@ serve: $(STAMP) ## serve dist/NAME-TARGET in the local Triton until Ctrl-C
 env: $(STAMP) ## pack ENVS (text openvino onnx) into dist/envs/ (conda-pack when conda is on PATH, else venv-pack)
 	$(BIN)/tritonpack env $(ENVS) $(if $(PYTHON_VERSION),--python $(PYTHON_VERSION))$(if $(TRITON_CONTAINER), --container $(TRITON_CONTAINER))
 
-check: $(STAMP) ## will dist/NAME-TARGET.tar.gz load on an MME? one line per problem, exit 1 if not
-	$(BIN)/tritonpack check $(REPO).tar.gz $(if $(TRITON_CONTAINER),--container $(TRITON_CONTAINER))
+check: $(STAMP) ## will dist/NAME-TARGET.tar.gz load on an MME? artifacts vs configs too (--deep); exit 1 if not
+	$(BIN)/tritonpack check $(REPO).tar.gz --deep $(if $(TRITON_CONTAINER),--container $(TRITON_CONTAINER))
 
 mme: $(STAMP) ## local SageMaker MME on MME_PORT (8080) serving dist/*.tar.gz; builds NAME-TARGET first if missing
 	@test -f $(REPO).tar.gz || $(BIN)/tritonpack build $(BUILD_ARGS)

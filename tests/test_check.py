@@ -7,6 +7,7 @@ import json
 import shutil
 import tarfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -267,3 +268,61 @@ def test_check_cli_exits_zero_when_built_bert_is_deployable(build_ensemble, caps
         assert main(["check", str(path)]) == 0, capsys.readouterr().out
         assert time.perf_counter() - started < 60
     assert capsys.readouterr().out == ""
+
+
+def empty_tarball(path: Path) -> Path:
+    with tarfile.open(path, "w:gz"):
+        pass
+    return path
+
+
+@pytest.mark.parametrize("form", ["folder", "tarball"])
+def test_check_rejects_repository_when_it_has_no_model_folder(tmp_path, form):
+    (tmp_path / "empty").mkdir()
+    path = tmp_path / "empty" if form == "folder" else empty_tarball(tmp_path / "empty.tar.gz")
+    report = check(path)
+    assert report.problems == [Problem(path.name, "models", "no model folder (a folder with config.pbtxt and a "
+                                                            "version folder such as 1/): nothing would load")]
+    assert report.ensemble is None
+
+
+def test_check_names_misplaced_config_when_tarball_holds_a_model_folders_contents(tmp_path):
+    root = write_repo(tmp_path / "repo")
+    contents = tmp_path / "contents"
+    shutil.copytree(root / "enc", contents)  # config.pbtxt and 1/ at the top, as `tar -C enc .` makes
+    report = check(as_tarball(contents))
+    assert report.problems == [
+        Problem("1/config.pbtxt", "file", "missing: every top-level folder must be a model folder"),
+        Problem("config.pbtxt", "path", "a config at the top of the repository: each model needs its own folder, "
+                                        "<name>/config.pbtxt with <name>/1/")]
+
+
+def test_check_takes_the_only_model_as_entry_point_when_there_is_no_ensemble(tmp_path):
+    root = write_repo(tmp_path / "repo")
+    for name in ("pre", "ens"):
+        shutil.rmtree(root / name)
+    refresh_manifest(root)
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["sagemaker_triton_default_model_name"] = "enc"
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    report = check(root)
+    assert (report.problems, report.ensemble) == ([], "enc")
+
+
+def test_check_requires_each_plan_listed_per_compute_capability_when_config_lists_them(tmp_path):
+    root = write_repo(tmp_path / "repo")
+    (root / "enc" / "1" / "model.onnx").rename(root / "enc" / "1" / "model_sm86.onnx")
+    spec = next(s for s in specs() if s.name == "enc")
+    listed = {"8.6": "model_sm86.onnx", "9.0": "model_sm90.onnx"}
+    (root / "enc" / "config.pbtxt").write_text(replace(spec, cc_model_filenames=listed).render())
+    refresh_manifest(root)
+    report = check(root)
+    assert report.problems == [Problem("enc/1/model_sm90.onnx", "cc_model_filenames[9.0]",
+                                       "missing: a GPU of compute capability 9.0 loads this file instead of "
+                                       "model.onnx")]
+    (root / "enc" / "1" / "model_sm90.onnx").write_bytes(b"onnx bytes")
+    refresh_manifest(root)
+    report = check(root)
+    assert report.problems == []
+    assert Problem("enc/1/model.onnx", "platform", "missing: a GPU whose compute capability is not in "
+                                                   "cc_model_filenames loads model.onnx") in report.warnings

@@ -5,6 +5,7 @@ Field names follow `model_config.proto` (snake_case) so a spec reads like the co
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -130,11 +131,19 @@ class ModelSpec:
     model_warmup: tuple[ModelWarmup, ...] = ()
     # name of the output whose classes `label_filename` names (the file is `labels.txt` in the model folder)
     labelled_output: str = ""
+    # GPU compute capability ("8.6") → the file in each version folder Triton loads instead of the default on
+    # such a GPU (TensorRT plans are specific to the architecture they were built for)
+    cc_model_filenames: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("inputs", "outputs", "instance_group", "ensemble_steps", "model_warmup"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "parameters", _frozen_map(self.parameters))
+        object.__setattr__(self, "cc_model_filenames", _frozen_map(self.cc_model_filenames))
+        for cc, filename in self.cc_model_filenames:
+            if not re.fullmatch(r"\d+\.\d+", cc) or not filename or "/" in filename or filename in (".", ".."):
+                raise SpecError(f"model {self.name}: cc_model_filenames maps a compute capability such as '8.6' to a "
+                                f"file name in the version folder, got {cc!r}: {filename!r}")
         if not self.name or "/" in self.name:
             raise SpecError(f"model name {self.name!r} is not a valid folder name")
         if bool(self.backend) == bool(self.platform) and self.platform != "ensemble":
@@ -195,6 +204,7 @@ class ModelSpec:
             s.output_map.update(dict(step.output_map))
         for key, value in self.parameters:
             cfg.parameters[key].string_value = value
+        cfg.cc_model_filenames.update(dict(self.cc_model_filenames))
         for warmup in self.model_warmup:
             w = cfg.model_warmup.add(name=warmup.name, batch_size=warmup.batch_size)
             for inp in warmup.inputs:

@@ -1,0 +1,49 @@
+"""`tritonpack check PATH [--deep] [--container X | --python X.Y]`: one line per problem, exit 0 if deployable."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tritonpack.archive import ArchiveLimits
+
+
+def cmd_check(args) -> int:
+    from tritonpack.check import check
+
+    limits = ArchiveLimits(**{k: v for k, v in (("max_members", args.max_members),
+                                                ("max_total_bytes", args.max_total_bytes)) if v})
+    report = check(Path(args.path), limits, python=args.python, container=args.container, deep=args.deep)
+    for problem in report.problems:
+        print(problem)
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    for unchecked in report.unchecked:
+        print(f"not checked: {unchecked}", file=sys.stderr)
+    if report.ok:
+        print(f"ok: {args.path} is deployable ({len(report.models)} models, entry {report.ensemble})",
+              file=sys.stderr)
+        return 0
+    print(f"{args.path}: {len(report.problems)} problem(s); not deployable", file=sys.stderr)
+    return 1
+
+
+def add_command(subparsers) -> None:
+    c = subparsers.add_parser("check", help="will this repository folder or MME tarball load? (exit 0 if so)",
+                              description="Checks configs, artifacts, ensemble wiring, packed environments and "
+                                          "archive safety without extracting; one line per problem: "
+                                          "file: field: reason.")
+    c.add_argument("path", help="a repository folder or a .tar.gz")
+    c.add_argument("--deep", action="store_true",
+                   help="also open each native model's artifact (ONNX, TorchScript, graphdef, DALI pipeline, "
+                        "TensorRT plan, OpenVINO) with its framework, compare it with the config as its Triton "
+                        "backend does and run it once on the CPU; seconds per model (a tarball's artifacts are "
+                        "extracted to a temporary folder only)")
+    target = c.add_mutually_exclusive_group()
+    target.add_argument("--container", help="Triton container version the target runs (e.g. 24.10); its Python "
+                                            "must match the packed envs' (default: manifest.json's python_version)")
+    target.add_argument("--python", help="the target stub's Python minor version, e.g. 3.10")
+    c.add_argument("--max-members", type=int, help=f"archive entry limit (default {ArchiveLimits.max_members})")
+    c.add_argument("--max-total-bytes", type=int,
+                   help=f"archive unpacked size limit (default {ArchiveLimits.max_total_bytes})")
+    c.set_defaults(func=cmd_check)

@@ -1,0 +1,273 @@
+"""The structural checks of `tritonpack check`: layout, configs, ensemble wiring, environments, manifest.
+
+They work on a `Tree` (read from a folder or a tarball's stream) and never open an artifact: they stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from dataclasses import dataclass, field
+
+from google.protobuf import text_format
+
+from tritonpack.archive import Problem
+from tritonpack.check.tree import Tree
+from tritonpack.spec import parse_config
+from tritonpack.wiring import wiring_problems
+
+ENV_PARAMETER = "EXECUTION_ENV_PATH"
+MODEL_DIR_VAR = "$$TRITON_MODEL_DIRECTORY"
+MAX_MODELS_WITHOUT_WARNING = 5
+# The file each platform/backend loads from a version folder when `default_model_filename` is not set.
+ARTIFACTS = {
+    "onnxruntime_onnx": ("model.onnx",),
+    "onnxruntime": ("model.onnx",),
+    "pytorch_libtorch": ("model.pt",),
+    "pytorch": ("model.pt",),
+    "tensorflow_graphdef": ("model.graphdef",),
+    "tensorflow_savedmodel": ("model.savedmodel",),
+    "tensorrt_plan": ("model.plan",),
+    "tensorrt": ("model.plan",),
+    "dali": ("model.dali", "dali.py"),  # dali.py: DALI's @autoserialize, serialized by the backend at load
+    "python": ("model.py",),
+    "openvino": ("model.xml",),
+}
+
+
+@dataclass
+class CheckReport:
+    path: str
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    unchecked: list[Problem] = field(default_factory=list)  # --deep: what could not be checked here, and why
+    models: list[str] = field(default_factory=list)
+    ensemble: str | None = None  # the entry point: the ensemble, or the only model
+    configs: dict = field(default_factory=dict, repr=False)  # model folder → parsed ModelConfig
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _parse(tree: Tree, name: str) -> tuple[object | None, Problem | None]:
+    try:
+        text = tree.texts[name].decode("utf-8")
+    except KeyError:
+        return None, Problem(name, "file", "too large to be a config")
+    except UnicodeDecodeError as e:
+        return None, Problem(name, "file", f"not UTF-8 text ({e.reason} at byte {e.start})")
+    try:
+        return parse_config(text), None
+    except text_format.ParseError as e:
+        line, column = e.GetLine(), e.GetColumn()
+        reason = re.sub(r"^\d+:\d+\s*:\s*", "", str(e))
+        where = f"line {line}" + (f" column {column}" if column else "")
+        return None, Problem(name, where, reason)
+
+
+def target_python(manifest: dict | None, python: str | None, container: str | None) -> tuple[str | None, str]:
+    """The Python minor the target server's stub runs, and where that came from."""
+    if python:
+        return python, "--python"
+    if container:
+        from tritonpack.env import container_python
+
+        return container_python(container), f"Triton container {container}"
+    if manifest and manifest.get("python_version"):
+        return str(manifest["python_version"]), "manifest.json python_version"
+    return None, ""
+
+
+def check_tree(tree: Tree, label: str, python: str | None = None, container: str | None = None) -> CheckReport:
+    report = CheckReport(label)
+    problems, warnings = report.problems, report.warnings
+    top_dirs, top_files = tree.children("")
+    manifest = None
+    if "manifest.json" in top_files:
+        try:
+            manifest = json.loads(tree.texts["manifest.json"])
+            if not isinstance(manifest, dict):
+                raise ValueError("not a JSON object")
+        except (KeyError, ValueError) as e:
+            problems.append(Problem("manifest.json", "file", f"not readable JSON: {e}"))
+            manifest = None
+    py_target, py_source = target_python(manifest, python, container)
+
+    configs = {}
+    for folder in top_dirs:
+        config_path = f"{folder}/config.pbtxt"
+        if config_path not in tree.files:
+            problems.append(Problem(config_path, "file", "missing: every top-level folder must be a model folder"))
+            continue
+        cfg, problem = _parse(tree, config_path)
+        if problem:
+            problems.append(problem)
+            continue
+        if cfg.name and cfg.name != folder:
+            problems.append(Problem(config_path, "name", f"{cfg.name!r} differs from its folder name {folder!r}"))
+        configs[folder] = cfg
+        problems.extend(_model_problems(tree, folder, cfg, py_target, py_source, warnings))
+    report.models, report.configs = sorted(configs), configs
+    ensembles = sorted(name for name, cfg in configs.items() if cfg.platform == "ensemble")
+    entry, entry_problems = _entry_point(label, top_dirs, top_files, configs, ensembles)
+    problems.extend(entry_problems)
+    report.ensemble = entry
+    by_name = {cfg.name or folder: cfg for folder, cfg in configs.items()}
+    for name in ensembles:
+        for where, reason in wiring_problems(configs[name], by_name):
+            problems.append(Problem(f"{name}/config.pbtxt", where, reason))
+        used = {step.model_name for step in configs[name].ensemble_scheduling.step}
+        for unused in sorted(set(configs) - used - {name}):
+            warnings.append(Problem(f"{unused}/config.pbtxt", "name", f"not a step of ensemble {name}; it loads "
+                                                                      f"but nothing calls it"))
+    if len(top_dirs) > MAX_MODELS_WITHOUT_WARNING:
+        warnings.append(Problem(label, "models", f"{len(top_dirs)} model folders (more than "
+                                                 f"{MAX_MODELS_WITHOUT_WARNING}): each loads in every MME instance "
+                                                 f"that serves this target, slowing cold starts"))
+    if manifest is not None:
+        problems.extend(_manifest_problems(tree, manifest, report.ensemble))
+    return report
+
+
+def _entry_point(label: str, top_dirs: list[str], top_files: list[str], configs: dict,
+                 ensembles: list[str]) -> tuple[str | None, list[Problem]]:
+    """The model the MME loads, and what stops it: a repository needs at least one model folder and exactly one
+    entry point, the ensemble (when there are several folders) or the only model."""
+    problems = []
+    if "config.pbtxt" in top_files:
+        problems.append(Problem("config.pbtxt", "path", "a config at the top of the repository: each model needs its "
+                                                        "own folder, <name>/config.pbtxt with <name>/1/"))
+    if not top_dirs:
+        problems.append(Problem(label, "models", "no model folder (a folder with config.pbtxt and a version folder "
+                                                 "such as 1/): nothing would load"))
+    elif len(top_dirs) > 1 and not ensembles:
+        problems.append(Problem(label, "ensemble", f"{len(top_dirs)} model folders but no ensemble; the MME "
+                                                   f"loads the folder whose config says platform: \"ensemble\""))
+    elif len(ensembles) > 1:
+        problems.append(Problem(label, "ensemble", f"{len(ensembles)} ensembles ({', '.join(ensembles)}); an MME "
+                                                   f"tarball needs exactly one"))
+    if ensembles:
+        return ensembles[0], problems
+    return (next(iter(configs)) if len(configs) == 1 and len(top_dirs) == 1 else None), problems
+
+
+def _model_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_source: str,
+                    warnings: list[Problem]) -> list[Problem]:
+    problems = []
+    config_path = f"{folder}/config.pbtxt"
+    subdirs, _ = tree.children(folder)
+    versions = []
+    for sub in subdirs:
+        if sub.isdigit():
+            versions.append(sub)
+        else:
+            problems.append(Problem(f"{folder}/{sub}", "version", "version folder names must be numbers"))
+    if not versions:
+        problems.append(Problem(folder, "version", "no numeric version folder (e.g. 1/)"))
+    kind = cfg.platform or cfg.backend
+    if not kind:
+        problems.append(Problem(config_path, "backend", "neither platform nor backend is set"))
+        return problems
+    if kind == "ensemble":
+        return problems  # its version folder is legitimately empty
+    expected = (cfg.default_model_filename,) if cfg.default_model_filename else ARTIFACTS.get(kind)
+    for version in versions:
+        vdir = f"{folder}/{version}"
+        sub, files = tree.children(vdir)
+        if not sub and not files:
+            problems.append(Problem(vdir, "version", "empty version folder"))
+            continue
+        problems.extend(_per_gpu_plan_problems(tree, vdir, cfg, expected))
+        if expected is None:
+            warnings.append(Problem(config_path, "backend", f"artifact of backend {kind!r} not checked"))
+        elif not any(tree.exists(f"{vdir}/{name}") for name in expected):
+            field_name = "default_model_filename" if cfg.default_model_filename else (
+                "platform" if cfg.platform else "backend")
+            missing = Problem(f"{vdir}/{expected[0]}", field_name,
+                              f"missing: {kind} loads {' or '.join(expected)} from each version folder")
+            if cfg.cc_model_filenames:
+                warnings.append(Problem(missing.file, missing.field, f"missing: a GPU whose compute capability is "
+                                                                     f"not in cc_model_filenames loads "
+                                                                     f"{expected[0]}"))
+            else:
+                problems.append(missing)
+    if cfg.backend == "python":
+        problems.extend(_env_problems(tree, folder, cfg, py_target, py_source, warnings))
+    return problems
+
+
+def _per_gpu_plan_problems(tree: Tree, vdir: str, cfg, expected) -> list[Problem]:
+    """`cc_model_filenames`: Triton loads the file named for the GPU's compute capability instead of the default
+    one, so each must exist in each version folder."""
+    problems = []
+    default = expected[0] if expected else "the default file"
+    for cc, filename in sorted(cfg.cc_model_filenames.items()):
+        where = f"cc_model_filenames[{cc}]"
+        if not re.fullmatch(r"\d+\.\d+", cc):
+            problems.append(Problem(f"{vdir}/{filename}", where, f"{cc!r} is not a compute capability such as 8.6"))
+        elif "/" in filename or filename in ("", ".", ".."):
+            problems.append(Problem(f"{vdir}/{filename}", where, "must name a file inside the version folder"))
+        elif f"{vdir}/{filename}" not in tree.files:
+            problems.append(Problem(f"{vdir}/{filename}", where, f"missing: a GPU of compute capability {cc} loads "
+                                                                 f"this file instead of {default}"))
+    return problems
+
+
+def _env_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_source: str,
+                  warnings: list[Problem]) -> list[Problem]:
+    config_path = f"{folder}/config.pbtxt"
+    where = f"parameters.{ENV_PARAMETER}"
+    if ENV_PARAMETER not in cfg.parameters:
+        from tritonpack.env import required_modules
+
+        sources = {n: t for n, t in tree.texts.items() if n.startswith(folder + "/") and n.endswith(".py")}
+        needs = required_modules(sources, {k: v.string_value for k, v in cfg.parameters.items()})
+        if needs:
+            warnings.append(Problem(config_path, where, f"not set, but the model imports {', '.join(sorted(needs))}"
+                                                        f"; the Triton container's Python has only numpy (build "
+                                                        f"with --env, make ENV=1)"))
+        return []
+    value = cfg.parameters[ENV_PARAMETER].string_value
+    if not value.startswith(MODEL_DIR_VAR + "/"):
+        return [Problem(config_path, where, f"{value!r} must start with {MODEL_DIR_VAR}/ so the env travels "
+                                            f"inside the model folder")]
+    relative = value[len(MODEL_DIR_VAR) + 1:]
+    resolved = posixpath.normpath(posixpath.join(folder, relative))
+    if relative.startswith("/") or not resolved.startswith(folder + "/"):
+        return [Problem(config_path, where, f"{value!r} leads outside the model folder {folder}/")]
+    if resolved not in tree.files:
+        return [Problem(config_path, where, f"{value!r}: {resolved} does not exist")]
+    env = tree.envs.get(resolved)
+    if env is None:
+        return [Problem(config_path, where, f"{resolved} is not a .tar.gz/.tgz/.tar packed environment")]
+    if env.problems:
+        return env.problems
+    if env.python is None:
+        return [Problem(resolved, "python", "cannot tell the env's Python version (no conda-meta/python-*.json, "
+                                            "pyvenv.cfg or lib/pythonX.Y/)")]
+    if py_target is None:
+        warnings.append(Problem(resolved, "python", f"env has Python {env.python}; target Python unknown (no "
+                                                    f"manifest.json; pass --container or --python)"))
+    elif env.python != py_target:
+        return [Problem(resolved, "python", f"env has Python {env.python} but the target's stub runs "
+                                            f"{py_target} ({py_source})")]
+    return []
+
+
+def _manifest_problems(tree: Tree, manifest: dict, ensemble: str | None) -> list[Problem]:
+    problems = []
+    digests = manifest.get("sha256") or {}
+    for name, digest in sorted(digests.items()):
+        if name not in tree.files:
+            problems.append(Problem(name, "sha256", "listed in manifest.json but missing"))
+        elif tree.sha256.get(name) != digest:
+            problems.append(Problem(name, "sha256", "differs from manifest.json (changed after the build)"))
+    default = manifest.get("sagemaker_triton_default_model_name")
+    if default and ensemble and default != ensemble:
+        problems.append(Problem("manifest.json", "sagemaker_triton_default_model_name",
+                                f"{default!r} is not the entry model {ensemble!r}"))
+    return problems
+
+

@@ -1,0 +1,192 @@
+"""What `check` knows about a repository, read from a folder or from a tarball's stream in one pass.
+
+A tarball is never extracted to the user's folders: configs, manifests and model sources are kept in memory,
+every file is hashed, packed environments are inspected inside the stream. `extract_members` writes chosen
+members (the artifacts `--deep` opens) into a folder the caller owns, a temporary one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import posixpath
+import re
+import shutil
+import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritonpack.archive import ArchiveLimits, Problem, normalise_name, scan
+
+ENV_SUFFIXES = (".tar.gz", ".tgz", ".tar")
+TEXT_LIMIT = 4 << 20  # configs, manifests and model sources are small; larger ones are not read into memory
+
+
+@dataclass
+class EnvInfo:
+    python: str | None
+    problems: list[Problem]
+
+
+@dataclass
+class Tree:
+    """What the checks need to know about a repository, read from a folder or a tar stream."""
+
+    files: dict[str, int] = field(default_factory=dict)  # relative path → size
+    dirs: set[str] = field(default_factory=set)
+    texts: dict[str, bytes] = field(default_factory=dict)
+    sha256: dict[str, str] = field(default_factory=dict)
+    envs: dict[str, EnvInfo] = field(default_factory=dict)
+
+    def add_file(self, name: str, size: int) -> None:
+        self.files[name] = size
+        self.add_dir(posixpath.dirname(name))
+
+    def add_dir(self, name: str) -> None:
+        while name:
+            self.dirs.add(name)
+            name = posixpath.dirname(name)
+
+    def children(self, folder: str) -> tuple[list[str], list[str]]:
+        """(sub-folder names, file names) directly inside `folder` ("" for the top)."""
+        prefix = f"{folder}/" if folder else ""
+        subdirs = sorted({d[len(prefix):] for d in self.dirs if d.startswith(prefix) and "/" not in d[len(prefix):]})
+        files = sorted(f[len(prefix):] for f in self.files if f.startswith(prefix) and "/" not in f[len(prefix):])
+        return subdirs, files
+
+    def exists(self, name: str) -> bool:
+        return name in self.files or name in self.dirs
+
+
+class _Hashing(io.RawIOBase):
+    def __init__(self, f):
+        self.f, self.digest = f, hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        data = self.f.read(len(b))
+        b[:len(data)] = data
+        self.digest.update(data)
+        return len(data)
+
+    def drain(self) -> str:
+        while self.read(1 << 20):
+            pass
+        return self.digest.hexdigest()
+
+
+_PYVENV_VERSION = re.compile(r"^\s*version(?:_info)?\s*=\s*(\d+)\.(\d+)", re.MULTILINE)
+_CONDA_PYTHON = re.compile(r"^conda-meta/python-(\d+)\.(\d+)\.[^/]*\.json$")
+_LIB_PYTHON = re.compile(r"^lib/python(\d+)\.(\d+)(/|$)")
+
+
+def inspect_env(fileobj, label: str, limits: ArchiveLimits) -> EnvInfo:
+    """The Python version a packed environment (conda-pack or venv-pack tarball) was built for, and its safety.
+
+    Sources, best first: `conda-meta/python-X.Y.Z-*.json` (conda-pack), `pyvenv.cfg` (venv-pack), the
+    `lib/pythonX.Y/` folder name (both).
+    """
+    found: dict[str, str] = {}
+
+    def visit(member: tarfile.TarInfo, tar: tarfile.TarFile) -> None:
+        name = normalise_name(member.name)
+        if m := _CONDA_PYTHON.match(name):
+            found.setdefault("conda", f"{m[1]}.{m[2]}")
+        elif name == "pyvenv.cfg" and member.isfile() and member.size < 65536:
+            if m := _PYVENV_VERSION.search(tar.extractfile(member).read().decode("utf-8", "replace")):
+                found.setdefault("pyvenv", f"{m[1]}.{m[2]}")
+        elif m := _LIB_PYTHON.match(name):
+            found.setdefault("lib", f"{m[1]}.{m[2]}")
+
+    problems = [Problem(p.file if p.file == label else f"{label}:{p.file}", p.field, p.reason)
+                for p in scan(fileobj, label, limits, visit, links_out=True)]
+    python = found.get("conda") or found.get("pyvenv") or found.get("lib")
+    return EnvInfo(python, problems)
+
+
+def _keep_text(name: str, size: int) -> bool:
+    base = posixpath.basename(name)
+    return size <= TEXT_LIMIT and (base in ("config.pbtxt", "manifest.json") or base.endswith(".py"))
+
+
+def _read_member(tree: Tree, name: str, size: int, f, limits: ArchiveLimits) -> None:
+    tree.add_file(name, size)
+    reader = _Hashing(f)
+    if _keep_text(name, size):
+        tree.texts[name] = reader.read()
+    elif name.endswith(ENV_SUFFIXES):
+        tree.envs[name] = inspect_env(reader, name, limits)
+    tree.sha256[name] = reader.drain()
+
+
+def read_tarball(path: Path, limits: ArchiveLimits) -> tuple[Tree, list[Problem]]:
+    tree = Tree()
+
+    def visit(member: tarfile.TarInfo, tar: tarfile.TarFile) -> None:
+        name = normalise_name(member.name)
+        if not name:
+            return
+        if member.isdir():
+            tree.add_dir(name)
+        elif member.isfile():
+            _read_member(tree, name, member.size, tar.extractfile(member), limits)
+        else:
+            tree.add_file(name, member.size)
+
+    with open(path, "rb") as f:
+        problems = scan(f, Path(path).name, limits, visit)
+    return tree, problems
+
+
+def read_folder(path: Path, limits: ArchiveLimits) -> tuple[Tree, list[Problem]]:
+    tree, problems = Tree(), []
+    root = Path(path)
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        base = Path(dirpath).relative_to(root).as_posix()
+        base = "" if base == "." else base
+        for d in list(dirnames):
+            rel = posixpath.join(base, d) if base else d
+            if (Path(dirpath) / d).is_symlink():
+                problems.append(Problem(rel, "path", "a link; MME tarballs carry no links"))
+                dirnames.remove(d)
+            else:
+                tree.dirs.add(rel)
+        for filename in sorted(filenames):
+            full = Path(dirpath) / filename
+            rel = posixpath.join(base, filename) if base else filename
+            if full.is_symlink():
+                problems.append(Problem(rel, "path", "a link; MME tarballs carry no links"))
+                continue
+            if not full.is_file():
+                problems.append(Problem(rel, "type", "not a regular file"))
+                continue
+            with open(full, "rb") as f:
+                _read_member(tree, rel, full.stat().st_size, f, limits)
+    return tree, problems
+
+
+def extract_members(tarball: Path, dest: Path, wanted: Callable[[str], bool], limits: ArchiveLimits) -> list[Problem]:
+    """Write the regular files of `tarball` whose normalised names `wanted` accepts under `dest`, in one pass.
+
+    Only members the archive scan found safe are visited; a name is written only if it resolves inside `dest`.
+    The caller owns `dest` (a temporary folder): nothing else is written."""
+    dest = Path(dest).resolve()
+
+    def visit(member: tarfile.TarInfo, tar: tarfile.TarFile) -> None:
+        name = normalise_name(member.name)
+        if not (member.isfile() and name and wanted(name)):
+            return
+        target = (dest / name).resolve()
+        if not target.is_relative_to(dest):
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "wb") as out:
+            shutil.copyfileobj(tar.extractfile(member), out, 1 << 20)
+
+    with open(tarball, "rb") as f:
+        return scan(f, Path(tarball).name, limits, visit)
