@@ -58,6 +58,19 @@ def python_model():
         yield load_model
 
 
+NEEDS_TENSORRT = {"bert", "resnet_trt"}  # their gpu target runs a TensorRT plan
+FAKE_PLAN = b"not a TensorRT plan: TensorRT is not installed where this test runs\n"
+
+
+@pytest.fixture(scope="session")
+def given_plan(tmp_path_factory) -> Path:
+    """A stand-in for a plan built elsewhere (`--plan`): TensorRT is not installable here, so its bytes are no
+    engine; everything around it (configs, wiring, check) is real."""
+    plan = tmp_path_factory.mktemp("plans") / "model.plan"
+    plan.write_bytes(FAKE_PLAN)
+    return plan
+
+
 @pytest.fixture(scope="session")
 def build_ensemble(test_dist):
     """build_ensemble(name, target, **options) → BuildResult, built once per session per arguments."""

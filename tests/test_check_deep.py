@@ -3,7 +3,7 @@
 Repositories come from the real builder (one build per session, shared with the golden tests). Broken variants are
 copies in tmp (configs copied, artifacts hard-linked), without `manifest.json`, as a hand-assembled repository
 would be, and with the ensemble wiring kept consistent, so the structural checks pass and only `--deep` can tell.
-TensorRT cannot be installed here: `gpu` plans are fake files (the builder's plan step is replaced), which
+TensorRT cannot be installed here: `gpu` plans are fake files given to the build (`--plan`), which
 `--deep` must report as not checked, and the plan rules run against an API-faithful fake `tensorrt` module.
 """
 
@@ -21,33 +21,23 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
+from tests.conftest import FAKE_PLAN, NEEDS_TENSORRT
 from tritonpack.archive import Problem
 from tritonpack.check import check, deep_problems
 from tritonpack.cli import main
 from tritonpack.repository import write_tarball
 from tritonpack.spec import parse_config, render_config
 
-NEEDS_TENSORRT = {"bert", "resnet_trt"}  # their gpu target is a TensorRT plan
 NATIVE = [("bert", "cpu"), ("bert", "gpu"), ("bert_pt", "cpu"), ("bert_pt", "gpu"), ("dali_inception", "cpu"),
           ("dali_inception", "gpu"), ("resnet_pt", "cpu"), ("resnet_pt", "gpu"), ("resnet_trt", "gpu")]
-FAKE_PLAN = b"not a TensorRT plan: TensorRT is not installed where this test runs\n"
 
 
 @pytest.fixture(scope="session")
-def native_repository(build_ensemble, tmp_path_factory):
-    """native_repository(name, target) → the built repository; TensorRT plans are fake files (see module doc)."""
-    fake_plans = tmp_path_factory.mktemp("fake-plans")
-
-    def fake_build_plan(onnx_path, plan_path, profiles, fp16=False, workspace_gib=4):
-        fake = fake_plans / Path(plan_path).name  # never the shared cache: a real plan may be built there one day
-        fake.write_bytes(FAKE_PLAN)
-        return fake
-
+def native_repository(build_ensemble, given_plan):
+    """native_repository(name, target) → the built repository; TensorRT plans are given fake files (module doc)."""
     def _repository(name: str, target: str) -> Path:
         if target == "gpu" and name in NEEDS_TENSORRT:
-            with pytest.MonkeyPatch.context() as patch:
-                patch.setattr("tritonpack.build.build_tensorrt.build_plan", fake_build_plan)
-                return build_ensemble(name, target).repository
+            return build_ensemble(name, target, plans=(("", str(given_plan)),)).repository
         return build_ensemble(name, target).repository
 
     return _repository

@@ -9,7 +9,7 @@ import pytest
 
 from tritonpack.build.build_tensorrt import ShapeProfile, TensorRTUnavailable, require_tensorrt
 from tritonpack.builder import BuildRequest, build, default_target
-from tritonpack.errors import ToolUnavailable
+from tritonpack.errors import SpecError, ToolUnavailable
 
 try:
     import tensorrt  # noqa: F401
@@ -55,3 +55,30 @@ def test_default_target_is_portable_with_reason_when_tensorrt_is_missing():
     target, reason = default_target()
     assert target == "portable"
     assert reason.startswith("TARGET=portable (") and "TensorRT" in reason
+
+
+def test_gpu_build_lists_one_plan_per_gpu_architecture_when_plans_are_given_per_compute_capability(tmp_path,
+                                                                                                    test_dist,
+                                                                                                    given_plan):
+    from tritonpack.check import check
+    from tritonpack.spec import parse_config
+
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    (dist / "cache").symlink_to(test_dist / "cache")
+    plans = (("8.0", str(given_plan)), ("9.0", str(given_plan)))
+    result = build(BuildRequest("resnet_trt", "gpu", plans=plans, dist=dist))
+    folder = result.repository / "resnet_trt_classifier"
+    config = parse_config((folder / "config.pbtxt").read_text())
+    assert dict(config.cc_model_filenames) == {"8.0": "model_8_0.plan", "9.0": "model_9_0.plan"}
+    assert sorted(p.name for p in (folder / "1").iterdir()) == ["model_8_0.plan", "model_9_0.plan"]
+    report = check(result.tarball, deep=True)
+    assert report.ok, report.problems
+    assert any("TensorRT" in str(line) for line in report.unchecked)  # execution needs TensorRT: said, not hidden
+
+
+def test_gpu_build_rejects_a_plan_with_reason_when_the_file_is_missing(tmp_path):
+    with pytest.raises(SpecError, match="--plan: no such file"):
+        build(BuildRequest("bert", "gpu", plans=(("", str(tmp_path / "nope.plan")),), dist=tmp_path))
+    with pytest.raises(SpecError, match="for the gpu target"):
+        BuildRequest("bert", "portable", plans=(("", str(tmp_path / "nope.plan")),))

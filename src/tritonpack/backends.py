@@ -44,6 +44,9 @@ FRAMEWORKS: Mapping[str, Framework] = MappingProxyType({f.name: f for f in (
 RUNNER_MODULES: Mapping[str, str] = MappingProxyType(
     {f.runner: f.module for f in FRAMEWORKS.values() if f.runner is not None})
 DALI_MODULE = "nvidia"  # the portable DALI runner imports nvidia.dali
+# The python backend's packed-environment parameter, and the variable Triton replaces with the model's folder.
+ENV_PARAMETER = "EXECUTION_ENV_PATH"
+MODEL_DIR_VAR = "$$TRITON_MODEL_DIRECTORY"
 
 # What each platform or backend loads from a version folder when `default_model_filename` is not set (Triton's
 # backends' READMEs), for configs that were not rendered here too (hand-written ones use aliases and savedmodels).

@@ -33,6 +33,8 @@ class BuildRequest:
     env: bool = False  # pack the python models' environments into their folders (EXECUTION_ENV_PATH)
     env_python: str | None = None  # with env: the target container's Python minor (default: the local stub's)
     io_names: IoNames | None = None  # rename the ensemble's public input and output (e.g. INPUT0:OUTPUT0)
+    # TensorRT plans built elsewhere: (compute capability or "" for the default model.plan, path); gpu target only
+    plans: tuple[tuple[str, str], ...] = ()
     dist: Path = Path("dist")
     # overrides of the recipe's serving settings for this target, e.g. (("dynamic_batching", "false"),)
     serving: tuple[tuple[str, str], ...] = ()
@@ -42,6 +44,9 @@ class BuildRequest:
         if self.target not in TARGETS:
             raise SpecError(f"unknown target {self.target!r}; one of {', '.join(TARGETS)}")
         object.__setattr__(self, "serving", tuple((str(k), str(v)) for k, v in dict(self.serving).items()))
+        object.__setattr__(self, "plans", tuple((str(k), str(v)) for k, v in dict(self.plans).items()))
+        if self.plans and self.target != "gpu":
+            raise SpecError(f"--plan: TensorRT plans are for the gpu target, not {self.target}")
         if self.target not in recipe.targets:
             raise SpecError(f"{self.name} has no {self.target} target; it has {', '.join(recipe.targets)}")
 

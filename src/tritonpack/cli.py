@@ -29,14 +29,17 @@ def cmd_build(args) -> int:
         print(reason, file=sys.stderr)
     serving = tuple(tuple(kv.split("=", 1)) for kv in args.serving or ())
     io_names = IoNames.parse(args.io_names) if args.io_names else None
+    plans = tuple(tuple(p.split("=", 1)) if "=" in p else ("", p) for p in args.plan or ())
     result = build(BuildRequest(args.name, target, model=args.model, weights=args.weights, fp16=args.fp16,
                                 model_format=args.model_format, env=args.env, env_python=args.env_python,
-                                io_names=io_names, dist=Path(args.dist), serving=serving))
+                                io_names=io_names, plans=plans, dist=Path(args.dist), serving=serving))
     (Path(args.dist) / f".{args.name}.target").write_text(target + "\n")  # what `make serve/check/mme` use
     print(f"repository: {result.repository}\ntarball:    {result.tarball}", flush=True)
-    report = check(result.tarball)
+    report = check(result.tarball, deep=True)
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    for line in report.unchecked:
+        print(f"not checked: {line}", file=sys.stderr)
     if not report.ok:  # a fresh build that fails its own check is tritonpack's bug, not the user's
         raise TritonpackError(f"{result.tarball} fails its check: " + "; ".join(map(str, report.problems)))
     print(f"check:      ok ({len(report.models)} models, entry {report.ensemble})", flush=True)
@@ -156,6 +159,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--serving", action="append", metavar="KEY=VALUE",
                    help="override a serving setting of the recipe, e.g. dynamic_batching=false, encoder_instances=2, "
                         "max_text_bytes=65536 (text), max_image_pixels=50000000 (images; 0: no limit)")
+    b.add_argument("--plan", action="append", metavar="[CC=]PATH",
+                   help="gpu target: a TensorRT plan built elsewhere instead of building one here; with CC (a compute "
+                        "capability such as 8.6) one per GPU architecture, listed in cc_model_filenames (repeat)")
     b.add_argument("--io-names", metavar="INPUT:OUTPUT",
                    help="rename the ensemble's public input and output, e.g. INPUT0:OUTPUT0 for the AWS notebooks' "
                         "client code (default TEXT:EMBEDDING / IMAGE:SCORES)")

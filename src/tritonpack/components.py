@@ -94,11 +94,18 @@ class Artifact:
     sentences as one sequence (models/framework_runner/packing.py), which only the portable runner feeds."""
 
     framework: str
-    path: Path
+    path: Path | None  # None: only `per_gpu` files
     precision: str = "fp32"
     packed: bool = False
+    # TensorRT: compute capability ("8.6") → the plan built for that GPU architecture (`cc_model_filenames`)
+    per_gpu: Mapping[str, Path] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "per_gpu", dict(self.per_gpu))
+        if self.path is None and not self.per_gpu:
+            raise SpecError(f"{self.framework} artifact: no file given")
+        if self.per_gpu and self.framework != "tensorrt_plan":
+            raise SpecError(f"{self.framework} artifact: only TensorRT plans come per GPU architecture")
         if self.framework not in FRAMEWORKS:
             raise SpecError(f"unknown artifact framework {self.framework!r}")
         if self.precision not in self.kind.precisions:
@@ -119,6 +126,16 @@ class Artifact:
         if self.precision == "bf16":
             params["HINT_BF16"] = "YES"
         return params
+
+
+def given_plans(plans: Mapping[str, Path]) -> Artifact:
+    """TensorRT plans built elsewhere, on the GPUs they are for: key "" is the default `model.plan`, a compute
+    capability ("8.6") a per-architecture plan listed in `cc_model_filenames`."""
+    missing = [str(p) for p in plans.values() if not Path(p).is_file()]
+    if missing:
+        raise SpecError(f"--plan: no such file: {', '.join(missing)}")
+    return Artifact("tensorrt_plan", Path(plans[""]) if "" in plans else None,
+                    per_gpu={cc: Path(p) for cc, p in plans.items() if cc})
 
 
 @dataclass(frozen=True)
@@ -168,10 +185,14 @@ def framework_model(name: str, artifact: Artifact, target: str, inputs: tuple[Te
     if not (kind.gpu if target == "gpu" else kind.cpu):
         raise SpecError(f"model {name}: {artifact.framework} does not run on the {target} target")
     parameters = artifact.native_parameters(settings.threads)
+    per_gpu = {cc: f"model_{cc.replace('.', '_')}.plan" for cc in artifact.per_gpu}
     spec = ModelSpec(inputs=inputs, instance_group=(InstanceGroup(instance_kind(target), settings.instances),),
                      **({"parameters": parameters} if parameters else {}), **dict(kind.native), **common,
-                     **native_options)
-    return ModelFolder(spec, {f"{VERSION}/{kind.filename}": artifact.path, **extra})
+                     cc_model_filenames=per_gpu, **native_options)
+    files = {f"{VERSION}/{per_gpu[cc]}": path for cc, path in artifact.per_gpu.items()}
+    if artifact.path is not None:
+        files[f"{VERSION}/{kind.filename}"] = artifact.path
+    return ModelFolder(spec, {**files, **extra})
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tritonpack.backends import DALI_MODULE, ENVIRONMENTS, RUNNER_MODULES
+from tritonpack.backends import DALI_MODULE, ENV_PARAMETER, ENVIRONMENTS, MODEL_DIR_VAR, RUNNER_MODULES
 from tritonpack.components import ModelFolder, module_imports
 from tritonpack.containers import CONTAINER_PYTHON, container_python, containers_for, version_key
 from tritonpack.envpack import PackedEnv, known_envs, pack_env, packer
 from tritonpack.errors import EnvError
 from tritonpack.server import PYTHON_VERSION
 
-ENV_PARAMETER = "EXECUTION_ENV_PATH"
 # Environment → the top-level modules it provides (numpy is in every env and in every Triton container).
 PROVIDES: dict[str, frozenset[str]] = {name: env.provides for name, env in ENVIRONMENTS.items()}
 STUB_MODULES = frozenset({"triton_python_backend_utils", "numpy"})
@@ -76,7 +75,7 @@ def attach_environments(folders: Iterable[ModelFolder], envs_dir: Path, python: 
         if env not in packed:
             packed[env] = pack_env(env, envs_dir, python=python, method=method)
         env_file = packed[env].filename
-        parameters = {**dict(folder.spec.parameters), ENV_PARAMETER: f"$$TRITON_MODEL_DIRECTORY/{env_file}"}
+        parameters = {**dict(folder.spec.parameters), ENV_PARAMETER: f"{MODEL_DIR_VAR}/{env_file}"}
         out.append(ModelFolder(replace(folder.spec, parameters=parameters),
                                {**folder.files, env_file: packed[env].path}))
         environments[folder.spec.name] = packed[env].info()

@@ -16,16 +16,12 @@ from tritonpack.errors import SpecError
 
 DATA_TYPES = frozenset(mc.DataType.keys()) - {"TYPE_INVALID"}
 KINDS = frozenset({"KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL"})
-# numpy dtype name for each Triton dtype we exchange between steps (TYPE_STRING travels as bytes objects).
+# numpy dtype name of each Triton data type (TYPE_STRING travels as bytes objects)
 NUMPY_DTYPES = {
-    "TYPE_BOOL": "bool",
-    "TYPE_UINT8": "uint8",
-    "TYPE_INT32": "int32",
-    "TYPE_INT64": "int64",
-    "TYPE_FP16": "float16",
-    "TYPE_FP32": "float32",
-    "TYPE_FP64": "float64",
-    "TYPE_STRING": "object",
+    "TYPE_BOOL": "bool", "TYPE_UINT8": "uint8", "TYPE_UINT16": "uint16", "TYPE_UINT32": "uint32",
+    "TYPE_UINT64": "uint64", "TYPE_INT8": "int8", "TYPE_INT16": "int16", "TYPE_INT32": "int32",
+    "TYPE_INT64": "int64", "TYPE_FP16": "float16", "TYPE_FP32": "float32", "TYPE_FP64": "float64",
+    "TYPE_BF16": "bfloat16", "TYPE_STRING": "object",
 }
 
 

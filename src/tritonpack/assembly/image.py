@@ -11,7 +11,15 @@ from tritonpack.build.export_inception import inception_v3
 from tritonpack.build.export_resnet50 import resnet50
 from tritonpack.build.serialize_dali import dali_pipeline
 from tritonpack.cache import ArtifactCache
-from tritonpack.components import Artifact, DaliPipeline, ModelFolder, StepSettings, dali_model, framework_model
+from tritonpack.components import (
+    Artifact,
+    DaliPipeline,
+    ModelFolder,
+    StepSettings,
+    dali_model,
+    framework_model,
+    given_plans,
+)
 from tritonpack.ensembles.image import Classifier, ImageRecipe, ImageServing
 from tritonpack.errors import SpecError
 from tritonpack.spec import LABELS_FILENAME, EnsembleStep, ModelSpec, ModelWarmup, Tensor, WarmupInput
@@ -29,7 +37,10 @@ def assemble(recipe: ImageRecipe, request, cache: ArtifactCache) -> list[ModelFo
                             f"{', '.join((fmt, *classifier.alternatives))}")
         fmt = request.model_format
     weights = Path(request.weights) if request.weights else None
-    artifact = classifier_artifact(classifier, fmt, weights, serving.max_batch_size, request.fp16, cache)
+    if fmt == "tensorrt_plan" and request.plans:
+        artifact = given_plans(dict(request.plans))
+    else:
+        artifact = classifier_artifact(classifier, fmt, weights, serving.max_batch_size, request.fp16, cache)
     options = {}
     if artifact.framework == "tensorrt_plan":  # warm the engine at the largest batch, as the seeds do
         options["model_warmup"] = (ModelWarmup(f"batch_{serving.max_batch_size}", serving.max_batch_size, (

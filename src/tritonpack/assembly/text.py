@@ -15,7 +15,7 @@ from tritonpack.build.export_text_encoder import (
 )
 from tritonpack.build.text_source import SentenceTransformerSource
 from tritonpack.cache import ArtifactCache
-from tritonpack.components import Artifact, ModelFolder, StepSettings, framework_model, python_model
+from tritonpack.components import Artifact, ModelFolder, StepSettings, framework_model, given_plans, python_model
 from tritonpack.ensembles.text import TextRecipe, TextServing
 from tritonpack.errors import SpecError
 from tritonpack.spec import EnsembleStep, InstanceGroup, ModelSpec, Tensor
@@ -26,7 +26,11 @@ TOKEN_EMBEDDINGS = "token_embeddings"
 def assemble(recipe: TextRecipe, request, cache: ArtifactCache) -> list[ModelFolder]:
     source = SentenceTransformerSource.resolve(request.model)
     serving = recipe.serving[request.target].with_overrides(request.serving)
-    artifact = encoder_artifact(recipe.encoder[request.target], source, serving, request.fp16, cache)
+    fmt = recipe.encoder[request.target]
+    if fmt == "tensorrt_plan" and request.plans:
+        artifact = given_plans(dict(request.plans))
+    else:
+        artifact = encoder_artifact(fmt, source, serving, request.fp16, cache)
     outputs = (source.embedding_output(),) if serving.encoder_pooling else source.encoder_outputs()
     encoder = framework_model(
         f"{recipe.name}_encoder", artifact, request.target, source.encoder_inputs(), outputs,

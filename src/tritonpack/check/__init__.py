@@ -13,10 +13,10 @@ from pathlib import Path
 
 from tritonpack.archive import ArchiveLimits, Problem
 from tritonpack.check.cli import add_command, cmd_check
-from tritonpack.check.structure import ARTIFACTS, CheckReport, check_tree
+from tritonpack.check.structure import CheckReport, check_tree
 from tritonpack.check.tree import Tree, inspect_env, read_folder, read_tarball
 
-__all__ = ["ARTIFACTS", "CheckReport", "Tree", "add_command", "check", "check_tree", "cmd_check", "deep_problems",
+__all__ = ["CheckReport", "Tree", "add_command", "check", "check_tree", "cmd_check", "deep_problems",
            "inspect_env"]
 
 

@@ -13,27 +13,12 @@ from dataclasses import dataclass, field
 from google.protobuf import text_format
 
 from tritonpack.archive import Problem
+from tritonpack.backends import ENV_PARAMETER, LOADED_FILES, MODEL_DIR_VAR
 from tritonpack.check.tree import Tree
 from tritonpack.spec import parse_config
 from tritonpack.wiring import wiring_problems
 
-ENV_PARAMETER = "EXECUTION_ENV_PATH"
-MODEL_DIR_VAR = "$$TRITON_MODEL_DIRECTORY"
 MAX_MODELS_WITHOUT_WARNING = 5
-# The file each platform/backend loads from a version folder when `default_model_filename` is not set.
-ARTIFACTS = {
-    "onnxruntime_onnx": ("model.onnx",),
-    "onnxruntime": ("model.onnx",),
-    "pytorch_libtorch": ("model.pt",),
-    "pytorch": ("model.pt",),
-    "tensorflow_graphdef": ("model.graphdef",),
-    "tensorflow_savedmodel": ("model.savedmodel",),
-    "tensorrt_plan": ("model.plan",),
-    "tensorrt": ("model.plan",),
-    "dali": ("model.dali", "dali.py"),  # dali.py: DALI's @autoserialize, serialized by the backend at load
-    "python": ("model.py",),
-    "openvino": ("model.xml",),
-}
 
 
 @dataclass
@@ -172,7 +157,7 @@ def _model_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_sour
         return problems
     if kind == "ensemble":
         return problems  # its version folder is legitimately empty
-    expected = (cfg.default_model_filename,) if cfg.default_model_filename else ARTIFACTS.get(kind)
+    expected = (cfg.default_model_filename,) if cfg.default_model_filename else LOADED_FILES.get(kind)
     for version in versions:
         vdir = f"{folder}/{version}"
         sub, files = tree.children(vdir)

@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 
 from tritonpack.archive import ArchiveLimits
+from tritonpack.backends import LOADED_FILES
 from tritonpack.check.deep.model import DeepModel, Findings, TrialInputUnavailable
-from tritonpack.check.structure import ARTIFACTS
 from tritonpack.check.tree import extract_members
 
 # platform or backend → "module:function" of its rules
@@ -61,7 +61,7 @@ def artifacts(version_dir: Path, config) -> list[Path]:
     """The files the backend loads from a version folder: the default (or `default_model_filename`); for DALI the
     serialized pipeline, else `dali.py` (its precedence); for TensorRT also each `cc_model_filenames` plan."""
     kind = _kind(config)
-    default = config.default_model_filename or ARTIFACTS.get(kind, ("",))[0]
+    default = config.default_model_filename or LOADED_FILES.get(kind, ("",))[0]
     if kind == "dali":
         return [p for p in (version_dir / default, version_dir / "dali.py") if p.exists()][:1]
     names = [default] + sorted(set(config.cc_model_filenames.values()) - {default})

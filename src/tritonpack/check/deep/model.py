@@ -14,14 +14,9 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonpack.archive import Problem
+from tritonpack.spec import NUMPY_DTYPES
 
-# numpy dtype name of each Triton data type (TYPE_STRING travels as bytes objects)
-NUMPY_OF_TRITON = {
-    "TYPE_BOOL": "bool", "TYPE_UINT8": "uint8", "TYPE_UINT16": "uint16", "TYPE_UINT32": "uint32",
-    "TYPE_UINT64": "uint64", "TYPE_INT8": "int8", "TYPE_INT16": "int16", "TYPE_INT32": "int32",
-    "TYPE_INT64": "int64", "TYPE_FP16": "float16", "TYPE_FP32": "float32", "TYPE_FP64": "float64",
-    "TYPE_BF16": "bfloat16", "TYPE_STRING": "object",
-}
+NUMPY_OF_TRITON = NUMPY_DTYPES
 TRITON_OF_NUMPY = {v: k for k, v in NUMPY_OF_TRITON.items()}
 DYNAMIC_SIZE = 8  # what a -1 dimension becomes in the inputs of the trial run (tokens, pixels, elements)
 TRIAL_BATCH = 2  # a batched model's trial run takes 2 rows: an artifact exported for batch 1 shows it
