@@ -11,17 +11,17 @@ WEIGHTS ?=
 GRAPHDEF ?=# dali_inception: the TF-slim frozen graph (passed as --weights)
 MODEL_FORMAT ?=# dali_inception: graphdef (default) | onnx
 IO_NAMES ?=# INPUT:OUTPUT, e.g. INPUT0:OUTPUT0: the ensemble's public tensor names for existing client code
-ENV ?=# 1: pack the python models' environments into their folders (EXECUTION_ENV_PATH), for SageMaker
+NO_ENV ?=# 1: the MME tarball without its packed environment (the server's Python provides the packages)
 ENVS ?= text openvino onnx# make env: which envs/<name>/environment.yml to pack
-PYTHON_VERSION ?=# make env / ENV=1: the target container's Python (default: this interpreter's, the local stub's)
-TRITON_CONTAINER ?=# make env / make check: a Triton container release (e.g. 24.10) instead of PYTHON_VERSION
+PYTHON_VERSION ?=# the MME tarball's environment for this Python instead of TRITON_CONTAINER's (e.g. 3.11: the local stub's)
+TRITON_CONTAINER ?=# the Triton container release the tarball is for (default 24.09, the current SageMaker Triton image)
 MME_PORT ?= 8080
 MAX_MODELS ?= 8
 BENCH ?= full# make bench: full | smoke (small corpus, one repetition; what CI runs)
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-BUILD_ARGS = $(NAME) $(if $(TARGET),--target $(TARGET))$(if $(IO_NAMES), --io-names $(IO_NAMES)) $(if $(MODEL),--model $(MODEL)) $(if $(WEIGHTS),--weights $(WEIGHTS))$(if $(GRAPHDEF), --weights $(GRAPHDEF))$(if $(MODEL_FORMAT), --model-format $(MODEL_FORMAT))$(if $(ENV), --env)$(if $(PYTHON_VERSION), --env-python $(PYTHON_VERSION))
+BUILD_ARGS = $(NAME) $(if $(TARGET),--target $(TARGET))$(if $(IO_NAMES), --io-names $(IO_NAMES)) $(if $(MODEL),--model $(MODEL)) $(if $(WEIGHTS),--weights $(WEIGHTS))$(if $(GRAPHDEF), --weights $(GRAPHDEF))$(if $(MODEL_FORMAT), --model-format $(MODEL_FORMAT))$(if $(NO_ENV), --no-env)$(if $(TRITON_CONTAINER), --container $(TRITON_CONTAINER))$(if $(PYTHON_VERSION), --env-python $(PYTHON_VERSION))
 # The repository of NAME: for TARGET if given, else the target its last build chose (recorded by `tritonpack build`).
 CHOSEN = $(or $(TARGET),$(shell cat dist/.$(NAME).target 2>/dev/null),portable)
 REPO = dist/$(NAME)-$(CHOSEN)

@@ -13,7 +13,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Exports are content-addressed, so tests share the build cache with `make ensemble`.
 BUILD_CACHE = Path(os.environ.get("TRITONPACK_TEST_CACHE", PROJECT_ROOT / "dist" / "cache"))
-ENV_CACHE = PROJECT_ROOT / "dist" / "envs"
 
 
 @pytest.fixture(scope="session")
@@ -22,8 +21,6 @@ def test_dist(tmp_path_factory) -> Path:
     (dist / "cache").parent.mkdir(parents=True, exist_ok=True)
     BUILD_CACHE.mkdir(parents=True, exist_ok=True)
     (dist / "cache").symlink_to(BUILD_CACHE)
-    ENV_CACHE.mkdir(parents=True, exist_ok=True)
-    (dist / "envs").symlink_to(ENV_CACHE)  # packed envs are reproducible: shared with `make env`
     return dist
 
 
@@ -79,6 +76,8 @@ def build_ensemble(test_dist):
     built = {}
 
     def _build(name: str, target: str = "portable", **options):
+        # the local repository is what most tests serve; tarballs with packed environments are tested on purpose
+        options.setdefault("env", False)
         key = (name, target, tuple(sorted(options.items())))
         if key not in built:
             built[key] = build(BuildRequest(name, target, dist=test_dist, **options))

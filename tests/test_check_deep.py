@@ -23,9 +23,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from tests.conftest import FAKE_PLAN, NEEDS_TENSORRT
 from tritonpack.archive import Problem
-from tritonpack.check import check, deep_problems
+from tritonpack.check import check as check_for_container
+from tritonpack.check import deep_problems
 from tritonpack.cli import main
 from tritonpack.repository import write_tarball
+from tritonpack.server import local_python_has
 from tritonpack.spec import parse_config, render_config
 
 NATIVE = [("bert", "cpu"), ("bert", "gpu"), ("bert_pt", "cpu"), ("bert_pt", "gpu"), ("dali_inception", "cpu"),
@@ -41,6 +43,12 @@ def native_repository(build_ensemble, given_plan):
         return build_ensemble(name, target).repository
 
     return _repository
+
+
+def check(path: Path, **options):
+    """`tritonpack check --local`: this file is about native models; the python steps (tokenizer, pooling) run in the
+    local Python here, as in `tritonpack serve`, so they need no packed environment."""
+    return check_for_container(path, server_has=local_python_has, **options)
 
 
 def hand_assembled(source: Path, dest: Path) -> Path:
@@ -416,7 +424,7 @@ def test_check_deep_warns_when_torchscript_inputs_fall_back_to_config_order(nati
 
 def test_check_cli_deep_prints_problems_and_what_was_not_checked(native_repository, tmp_path, capsys):
     repo = native_repository("resnet_trt", "gpu")
-    assert main(["check", str(repo), "--deep"]) == 0
+    assert main(["check", str(repo), "--deep", "--local"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert [line for line in err if line.startswith("not checked: ")] == [
         "not checked: resnet_trt_classifier/1/model.plan: file: TensorRT is not installed here: the plan's bindings "
@@ -426,7 +434,7 @@ def test_check_cli_deep_prints_problems_and_what_was_not_checked(native_reposito
         "external_source names, declared dtypes and output count were checked; it was not run, which needs CUDA"]
     broken = hand_assembled(native_repository("bert", "cpu"), tmp_path / "repo")
     CORPUS["onnx_output_added"].mutate(broken)
-    assert main(["check", str(broken), "--deep"]) == 1
+    assert main(["check", str(broken), "--deep", "--local"]) == 1
     assert capsys.readouterr().out.splitlines() == [
         f"{ENC}/1/model.onnx: output[pooled]: unexpected inference output 'pooled', allowed outputs are: "
         f"token_embeddings; onnxruntime_onnx refuses to load the model"]

@@ -1,6 +1,6 @@
 """The packed DALI environment (`envs/dali`, slimmed by `tritonpack.envpack.extra_strip`) runs the portable DALI runner.
 
-The `resnet_pt` preprocessing model gets the env through `EXECUTION_ENV_PATH` exactly as `make build ENV=1` attaches
+The `resnet_pt` preprocessing model gets the env through `EXECUTION_ENV_PATH` exactly as a tarball build attaches
 it, is served alone by the real tritonserver, and its PIXELS must equal an in-process run of the same `model.dali`
 with `.venv`'s DALI; the stub must have loaded DALI's libraries from the unpacked env, not from `.venv`.
 Packing the env takes minutes (DALI's wheels are ~800 MB unpacked), so this runs with `make soak` (marker `slow`),
@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ENV_CACHE
 from tests.images import bad_payloads, image_kinds
 from tests.model_folders import load
 
@@ -23,15 +22,14 @@ MODEL = "resnet_pt_preprocess"
 
 
 @pytest.fixture(scope="module")
-def env_repository(tmp_path_factory, model_folders) -> Path:
-    """Only the DALI step of `resnet_pt` (portable), with the packed DALI env beside its config."""
-    from tritonpack.env import attach_environments
+def env_repository(tmp_path_factory, model_folders, artifact_cache) -> Path:
+    """Only the DALI step of `resnet_pt` (portable), with the packed DALI env at the repository's top."""
+    from tritonpack.env import attach_environment
     from tritonpack.repository import write_repository
 
-    folders = [model_folders("resnet_pt", "portable")[MODEL]]
-    plan = attach_environments(folders, ENV_CACHE)  # packs dist/envs/dali-py<X.Y>.tar.gz once (cached)
-    assert plan.environments[MODEL]["env"] == "dali"
-    return write_repository(plan.folders, tmp_path_factory.mktemp("dali-env") / "repo")
+    plan = attach_environment([model_folders("resnet_pt", "portable")[MODEL]], artifact_cache)  # packed once
+    assert plan.environment["env"] == "dali" and plan.users == [MODEL]
+    return write_repository(plan.folders, tmp_path_factory.mktemp("dali-env") / "repo", top_files=plan.top_files)
 
 
 def preprocess_in_process(model_dali: Path, image: bytes) -> np.ndarray:
@@ -52,7 +50,7 @@ def test_dali_runner_serves_same_pixels_from_packed_env_when_env_is_attached(env
 
     config = parse_config((env_repository / MODEL / "config.pbtxt").read_text())
     env_file = config.parameters["EXECUTION_ENV_PATH"].string_value.rsplit("/", 1)[1]
-    assert (env_repository / MODEL / env_file).is_file()
+    assert (env_repository / env_file).is_file()
     model_dali = env_repository / MODEL / "1" / "model.dali"
     with TritonServer(env_repository) as server:
         client = http.InferenceServerClient(server.url, network_timeout=120)

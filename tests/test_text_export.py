@@ -73,7 +73,7 @@ def test_bert_serves_any_local_sentence_transformers_model_when_model_dir_is_giv
 
     source = SentenceTransformerSource.load(tiny_model)
     assert (source.hidden_size, source.max_seq_length, source.normalize) == (32, 64, False)
-    result = build(BuildRequest("bert", "portable", model=str(tiny_model), dist=test_dist / "tiny"))
+    result = build(BuildRequest("bert", "portable", model=str(tiny_model), env=False, dist=test_dist / "tiny"))
     texts = ["tiny models serve too", "", "word " * 200]
     expected = SentenceTransformer(str(tiny_model), device="cpu").encode(texts)
     with TritonServer(result.repository) as server:

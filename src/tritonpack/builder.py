@@ -7,6 +7,7 @@ repository and its reproducible MME tarball are written with a manifest.
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -14,8 +15,9 @@ from tritonpack import ensembles
 from tritonpack.assembly import assemble
 from tritonpack.cache import ArtifactCache
 from tritonpack.components import TARGETS
+from tritonpack.containers import DEFAULT_CONTAINER, container_python
 from tritonpack.contracts import IoNames
-from tritonpack.env import attach_environments, manifest_fields
+from tritonpack.env import attach_environment, manifest_fields
 from tritonpack.errors import SpecError, ToolUnavailable
 from tritonpack.repository import write_repository, write_tarball
 from tritonpack.server import PYTHON_VERSION
@@ -30,8 +32,11 @@ class BuildRequest:
     weights: str | None = None  # image ensembles: local checkpoint
     fp16: bool = False
     model_format: str | None = None  # dali_inception: graphdef (default) | onnx
-    env: bool = False  # pack the python models' environments into their folders (EXECUTION_ENV_PATH)
-    env_python: str | None = None  # with env: the target container's Python minor (default: the local stub's)
+    # The MME tarball carries one packed environment for its python models, for the Python of `container` (a
+    # Triton container release) or `env_python`; `env=False`: none (the server's Python must provide them).
+    env: bool = True
+    container: str = DEFAULT_CONTAINER
+    env_python: str | None = None
     io_names: IoNames | None = None  # rename the ensemble's public input and output (e.g. INPUT0:OUTPUT0)
     # TensorRT plans built elsewhere: (compute capability or "" for the default model.plan, path); gpu target only
     plans: tuple[tuple[str, str], ...] = ()
@@ -84,15 +89,13 @@ def default_target() -> tuple[str, str]:
 def build(request: BuildRequest) -> BuildResult:
     recipe = ensembles.recipe(request.name)
     dist = Path(request.dist)
+    cache = ArtifactCache(dist / "cache")
     try:
-        folders = assemble(recipe, request, ArtifactCache(dist / "cache"))
+        folders = assemble(recipe, request, cache)
     except ToolUnavailable as e:  # say which targets build without the missing tool
         others = " or ".join(t for t in recipe.targets if t != request.target)
         raise ToolUnavailable(f"{e}; build {request.name} for {others} instead "
                               f"(make ensemble NAME={request.name} TARGET={others.split()[-1]})") from None
-    env_plan = attach_environments(folders, dist / "envs", python=request.env_python) if request.env else None
-    if env_plan is not None:
-        folders = env_plan.folders
     configs = {f.spec.name: f.spec.to_proto() for f in folders}
     for config in configs.values():
         if config.platform == "ensemble":
@@ -107,8 +110,17 @@ def build(request: BuildRequest) -> BuildResult:
                   if getattr(request, f.name) not in (None, False, ()) and f.name != "dist"},
         "built_with_python": PYTHON_VERSION,  # minor only: the tarball bytes must not depend on the patch level
         "python_models": sorted(f.spec.name for f in folders if f.spec.backend == "python"),
-        **manifest_fields(folders, env_plan),  # python_version, environments, supported_containers, …
     }
-    repository = write_repository(folders, dist / request.slug, manifest)
-    tarball = write_tarball(repository, dist / f"{request.slug}.tar.gz")
+    # The local repository runs in this interpreter's environment (the bundled Triton's stub); the tarball carries
+    # what the target container's Python lacks.
+    repository = write_repository(folders, dist / request.slug, {**manifest, **manifest_fields(folders, None),
+                                                                 "local_only": True})
+    python = request.env_python or container_python(request.container)
+    plan = attach_environment(folders, cache, python=python) if request.env else None
+    tarball = dist / f"{request.slug}.tar.gz"
+    with tempfile.TemporaryDirectory(prefix=f".{request.slug}-", dir=dist) as staging:
+        packed = write_repository(plan.folders if plan else folders, Path(staging) / request.slug,
+                                  {**manifest, **manifest_fields(folders, plan)}, plan.top_files if plan else None,
+                                  link=True)
+        write_tarball(packed, tarball)
     return BuildResult(repository, tarball)

@@ -8,16 +8,17 @@ for the target container's Python and placed beside its config.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tritonpack.backends import DALI_MODULE, ENV_PARAMETER, ENVIRONMENTS, MODEL_DIR_VAR, RUNNER_MODULES
+from tritonpack.cache import ArtifactCache
 from tritonpack.components import ModelFolder, module_imports
 from tritonpack.containers import CONTAINER_PYTHON, container_python, containers_for, version_key
-from tritonpack.envpack import PackedEnv, known_envs, pack_env, packer
-from tritonpack.errors import EnvError
+from tritonpack.envpack import cached_env, known_envs, packer
 from tritonpack.server import PYTHON_VERSION
 
 # Environment → the top-level modules it provides (numpy is in every env and in every Triton container).
@@ -54,37 +55,38 @@ def environment_for(folder: ModelFolder) -> tuple[str | None, set[str]]:
 
 @dataclass(frozen=True)
 class EnvPlan:
-    folders: list[ModelFolder]
-    environments: dict[str, dict]  # model name → PackedEnv.info()
-    unprovided: dict[str, list[str]]  # model name → modules no env provides (the server's Python must have them)
+    folders: list[ModelFolder]  # python models that need more than numpy point at the environment
+    top_files: dict[str, Path]  # the environment's file at the top of the repository
+    environment: dict | None  # PackedEnv.info(); None when every python model needs numpy only
+    users: list[str]  # the models that run in it
+    unprovided: dict[str, list[str]]  # model name → what the server's Python must have (no environment carries)
 
 
-def attach_environments(folders: Iterable[ModelFolder], envs_dir: Path, python: str | None = None,
-                        method: str | None = None) -> EnvPlan:
-    """Give every python model that needs more than numpy its packed env, beside its config.pbtxt, and point
-    `EXECUTION_ENV_PATH` at it. Numpy-only models are left as they are."""
-    out, environments, unprovided = [], {}, {}
-    packed: dict[str, PackedEnv] = {}
-    for folder in folders:
-        env, missing = environment_for(folder)
-        if missing:
-            unprovided[folder.spec.name] = sorted(missing)
-        if env is None:
-            out.append(folder)
-            continue
-        if env not in packed:
-            packed[env] = pack_env(env, envs_dir, python=python, method=method)
-        env_file = packed[env].filename
-        parameters = {**dict(folder.spec.parameters), ENV_PARAMETER: f"{MODEL_DIR_VAR}/{env_file}"}
-        out.append(ModelFolder(replace(folder.spec, parameters=parameters),
-                               {**folder.files, env_file: packed[env].path}))
-        environments[folder.spec.name] = packed[env].info()
-    return EnvPlan(out, environments, unprovided)
+def attach_environment(folders: Iterable[ModelFolder], cache: ArtifactCache, python: str | None = None,
+                       method: str | None = None) -> EnvPlan | None:
+    """One packed environment for the whole repository, at its top: every python model that needs more than numpy
+    runs in it (`EXECUTION_ENV_PATH` = `$$TRITON_MODEL_DIRECTORY/../<file>`). Triton's python backend extracts a
+    file once however many models name it, so their stubs share its libraries; numpy-only models run in the
+    container's own Python. None when a model imports what no environment can carry (torch, tensorflow): the
+    server's Python must provide everything then, and packing the rest would not make the tarball deployable."""
+    folders = list(folders)
+    needs = {folder.spec.name: environment_for(folder) for folder in folders}
+    if any(missing for _, missing in needs.values()):
+        return None
+    members = tuple(sorted({env for env, _ in needs.values() if env}))
+    if not members:
+        return EnvPlan(folders, {}, None, [], {})
+    packed = cached_env(cache, members, python, method)
+    value = f"{MODEL_DIR_VAR}/../{packed.filename}"
+    users = [name for name, (env, _) in needs.items() if env]
+    out = [ModelFolder(replace(f.spec, parameters={**dict(f.spec.parameters), ENV_PARAMETER: value}), f.files)
+           if f.spec.name in users else f for f in folders]
+    return EnvPlan(out, {packed.filename: packed.path}, packed.info(), users, {})
 
 
 def manifest_fields(folders: Iterable[ModelFolder], plan: EnvPlan | None) -> dict:
-    """What the manifest says about Python: the version the python models need and the containers that have it."""
-    folders = list(folders)
+    """What the manifest says about Python: the environment, the Python it is for, and the containers that run it;
+    without a plan (a local-only repository), what the server's Python would have to provide."""
     if plan is None:
         unprovided = {}
         for folder in folders:
@@ -92,13 +94,10 @@ def manifest_fields(folders: Iterable[ModelFolder], plan: EnvPlan | None) -> dic
             needs = (PROVIDES[env] if env else set()) | missing
             if needs:
                 unprovided[folder.spec.name] = sorted(needs)
-        environments = {}
+        environment, users = None, []
     else:
-        environments, unprovided = plan.environments, plan.unprovided
-    pythons = sorted({e["python"] for e in environments.values()})
-    if len(pythons) > 1:
-        raise EnvError(f"environments for different Pythons in one build: {pythons}")
-    python = pythons[0] if pythons else None
+        environment, users, unprovided = plan.environment, plan.users, plan.unprovided
+    python = environment["python"] if environment else None
     if unprovided:
         containers = []  # stock containers have numpy only; the server's Python must be extended first
     elif python:
@@ -106,29 +105,33 @@ def manifest_fields(folders: Iterable[ModelFolder], plan: EnvPlan | None) -> dic
     else:
         containers = [f"{first}-{last}" if last != "99.99" else f"{first}+" for first, last, _ in CONTAINER_PYTHON
                       if version_key(first) >= (20, 12)]
-    return {"python_version": python, "environments": environments,
+    return {"python_version": python, "environment": environment, "environment_users": users,
             "server_python_needs": unprovided, "supported_containers": containers}
 
 
 def add_command(subparsers) -> None:
     e = subparsers.add_parser("env", help="pack the python models' environments into dist/envs/")
     e.add_argument("names", nargs="*",
-                   help=f"environments (default: text openvino onnx); known: {', '.join(known_envs())}")
+                   help=f"environments (default: text openvino onnx); known: {', '.join(known_envs())}; "
+                        f"NAME+NAME packs one environment of both")
     e.add_argument("--python", help=f"the target container's Python minor version (default {PYTHON_VERSION}, the "
                                     f"local stub's); see `--container`")
-    e.add_argument("--container", help="Triton container release, e.g. 24.10 (sets --python from the table)")
+    e.add_argument("--container", help="Triton container release, e.g. 24.09 (sets --python from the table)")
     e.add_argument("--method", choices=("conda-pack", "venv-pack"), help=f"default here: {packer()}")
     e.add_argument("--out", default="dist/envs")
-    e.add_argument("--force", action="store_true", help="rebuild even when an up-to-date one exists")
+    e.add_argument("--cache", default="dist/cache", help="the artifact cache the environments are packed into once")
     e.set_defaults(func=cmd_env)
 
 
 def cmd_env(args) -> int:
     python = args.python or (container_python(args.container) if args.container else None)
-    packed = [pack_env(name, Path(args.out), python=python, method=args.method, force=args.force)
-              for name in args.names or ["text", "openvino", "onnx"]]
-    for env in packed:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for names in args.names or ["text", "openvino", "onnx"]:
+        env = cached_env(ArtifactCache(Path(args.cache)), tuple(names.split("+")), python, args.method)
+        for source in (env.path, env.path.with_suffix("").with_suffix(".json")):
+            shutil.copyfile(source, out / source.name)
         meta = json.loads(env.path.with_suffix("").with_suffix(".json").read_text())
-        print(f"{env.path}: Python {env.python}, {meta['compressed_bytes'] / 1e6:.1f} MB compressed, "
+        print(f"{out / env.filename}: Python {env.python}, {meta['compressed_bytes'] / 1e6:.1f} MB compressed, "
               f"{meta['uncompressed_bytes'] / 1e6:.1f} MB unpacked, {meta['files']} files ({env.method})")
     return 0

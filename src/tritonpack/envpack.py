@@ -14,7 +14,6 @@ on the Triton containers, `--python-prefix`).
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import json
 import os
@@ -30,6 +29,7 @@ from pathlib import Path
 from tritonpack import CARD_ROOT
 from tritonpack.archive import normalise_name
 from tritonpack.backends import ENVIRONMENTS
+from tritonpack.cache import ArtifactCache, producer
 from tritonpack.errors import EnvError
 from tritonpack.repository import FIXED_MTIME
 from tritonpack.server import PYTHON_VERSION
@@ -65,37 +65,57 @@ def extra_strip(name: str, python: str) -> re.Pattern | None:
 
 @dataclass(frozen=True)
 class EnvSpec:
-    name: str
+    """One environment made of one or more definitions (`envs/<member>/environment.yml`), e.g. `openvino+text`
+    for a tarball whose tokenizer needs tokenizers and whose encoder needs openvino."""
+
+    members: tuple[str, ...]
     python: str  # the pin in environment.yml (the documented container's Python)
     packages: tuple[str, ...]  # exact pip requirements
-    path: Path
+
+    @property
+    def name(self) -> str:
+        return "+".join(self.members)
 
     @classmethod
-    def load(cls, name: str) -> EnvSpec:
+    def load(cls, names: str | tuple[str, ...]) -> EnvSpec:
         import yaml
 
-        path = ENVS_DIR / name / "environment.yml"
-        if not path.exists():
-            raise EnvError(f"no environment {name!r} ({path} is missing); known: {', '.join(known_envs())}")
-        data = yaml.safe_load(path.read_text())
-        python, packages = None, []
-        for dep in data.get("dependencies", []):
-            if isinstance(dep, str) and dep.startswith("python"):
-                python = dep.split("=", 1)[1].lstrip("=")
-            elif isinstance(dep, dict):
-                packages += dep.get("pip", [])
-        if not python or not packages:
-            raise EnvError(f"{path}: needs a python=X.Y pin and a pip: list")
-        bad = [p for p in packages if "==" not in p]
-        if bad:
-            raise EnvError(f"{path}: pin every package exactly (==): {bad}")
-        return cls(name, python, tuple(packages), path)
+        members = tuple(sorted({names} if isinstance(names, str) else set(names)))
+        pythons, packages = set(), []
+        for name in members:
+            path = ENVS_DIR / name / "environment.yml"
+            if not path.exists():
+                raise EnvError(f"no environment {name!r} ({path} is missing); known: {', '.join(known_envs())}")
+            found = []
+            for dep in yaml.safe_load(path.read_text()).get("dependencies", []):
+                if isinstance(dep, str) and dep.startswith("python"):
+                    pythons.add(dep.split("=", 1)[1].lstrip("="))
+                elif isinstance(dep, dict):
+                    found += dep.get("pip", [])
+            if not found or len(pythons) != 1:
+                raise EnvError(f"{path}: needs the same python=X.Y pin as the others and a pip: list")
+            bad = [p for p in found if "==" not in p]
+            if bad:
+                raise EnvError(f"{path}: pin every package exactly (==): {bad}")
+            packages += [p for p in found if p not in packages]
+        names_pinned = [re.split(r"[=<>!; ]", p, maxsplit=1)[0].lower() for p in packages if ";" not in p]
+        clashes = sorted({n for n in names_pinned if names_pinned.count(n) > 1})
+        if clashes:
+            raise EnvError(f"environments {', '.join(members)} pin {', '.join(clashes)} differently")
+        return cls(members, pythons.pop(), tuple(packages))
 
-    def key(self, python: str) -> str:
-        """Identifies the packed bytes: packages, Python and the strip rules."""
-        extra = extra_strip(self.name, python)
-        text = json.dumps([self.packages, python, STRIP.pattern, 1] + ([extra.pattern] if extra else []))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+    def extra_strip(self, python: str) -> re.Pattern | None:
+        patterns = [p.pattern for p in (extra_strip(m, python) for m in self.members) if p is not None]
+        return re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
+
+    def import_check(self) -> list[str]:
+        """Modules imported after packing to prove the env works."""
+        modules = {"numpy"}
+        for member in self.members:
+            env = ENVIRONMENTS.get(member)
+            if env is not None:
+                modules |= env.provides | set(env.import_check)
+        return sorted(modules)
 
 
 def known_envs() -> list[str]:
@@ -123,33 +143,42 @@ def packer() -> str:
     return "conda-pack" if shutil.which("conda") else "venv-pack"
 
 
-def pack_env(name: str, out_dir: Path = Path("dist/envs"), python: str | None = None,
-             method: str | None = None, force: bool = False) -> PackedEnv:
-    """`dist/envs/<name>-py<X.Y>.tar.gz`, built once per definition (a sidecar `.json` records what is in it).
-
-    `python`: the target's Python minor version (default: this interpreter's, which the local stub runs).
-    `method`: conda-pack (when conda is on PATH) or venv-pack.
-    """
-    spec = EnvSpec.load(name)
+def pack_env(names: str | tuple[str, ...], out_dir: Path, python: str | None = None,
+             method: str | None = None) -> PackedEnv:
+    """Pack the environment of `names` into `out_dir/<name>-py<X.Y>.tar.gz` (a sidecar `.json` records what is in
+    it). `python`: the target's Python minor version (default: this interpreter's, which the local stub runs).
+    `method`: conda-pack (when conda is on PATH) or venv-pack. Builds get it through the artifact cache
+    (`packed_env`), which packs each combination once."""
+    spec = EnvSpec.load(names)
     python = python or PYTHON_VERSION
     method = method or packer()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / f"{name}-py{python}.tar.gz"
-    sidecar = target.with_suffix("").with_suffix(".json")
-    if not force and target.exists() and sidecar.exists():
-        meta = json.loads(sidecar.read_text())
-        if meta.get("key") == spec.key(python):
-            return PackedEnv(name, python, target, spec.packages, meta.get("packed_with", method))
     if method not in ("conda-pack", "venv-pack"):
         raise EnvError(f"unknown packer {method!r}: conda-pack or venv-pack")
-    with tempfile.TemporaryDirectory(prefix=f"env-{name}-", dir=out_dir) as tmp:
-        prefix = Path(tmp) / name
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"{spec.name}-py{python}.tar.gz"
+    with tempfile.TemporaryDirectory(prefix=f"env-{spec.name}-", dir=out_dir) as tmp:
+        prefix = Path(tmp) / "env"
         (_conda_env if method == "conda-pack" else _venv_env)(spec, python, prefix)
         stats = pack_prefix(prefix, target, python, method)
-    sidecar.write_text(json.dumps({"env": name, "python": python, "packages": list(spec.packages),
-                                   "packed_with": method, "key": spec.key(python), **stats}, indent=2) + "\n")
-    return PackedEnv(name, python, target, spec.packages, method)
+    target.with_suffix("").with_suffix(".json").write_text(json.dumps(
+        {"env": spec.name, "python": python, "packages": list(spec.packages), "packed_with": method, **stats},
+        indent=2) + "\n")
+    return PackedEnv(spec.name, python, target, spec.packages, method)
+
+
+@producer("packed-env", code=(ENVS_DIR,))
+def packed_env(out_dir: Path, names: tuple[str, ...], python: str, method: str) -> None:
+    pack_env(names, out_dir, python, method)
+
+
+def cached_env(cache: ArtifactCache, names: tuple[str, ...], python: str | None = None,
+               method: str | None = None) -> PackedEnv:
+    """The packed environment of `names` for `python`, from the artifact cache (packed there once)."""
+    spec = EnvSpec.load(names)
+    python, method = python or PYTHON_VERSION, method or packer()
+    folder = cache.get(packed_env, names=spec.members, python=python, method=method)
+    return PackedEnv(spec.name, python, folder / f"{spec.name}-py{python}.tar.gz", spec.packages, method)
 
 
 def pack_prefix(prefix: Path, target: Path, python: str, method: str = "venv-pack") -> dict:
@@ -188,8 +217,8 @@ def _venv_env(spec: EnvSpec, python: str, prefix: Path) -> None:
     _run([_interpreter(python), "-m", "venv", "--without-pip", str(prefix)])
     _run([sys.executable, "-m", "pip", "--python", str(prefix / "bin" / "python"), "install", "--quiet",
           "--no-compile", "--no-deps", "--disable-pip-version-check", *spec.packages])
-    strip_env(prefix, extra_strip(spec.name, python))
-    _check_imports(prefix / "bin" / "python", spec)
+    strip_env(prefix, spec.extra_strip(python))
+    _run([str(prefix / "bin" / "python"), "-c", "; ".join(f"import {m}" for m in spec.import_check())])
 
 
 def _conda_env(spec: EnvSpec, python: str, prefix: Path) -> None:  # pragma: no cover - no conda on CI
@@ -197,8 +226,8 @@ def _conda_env(spec: EnvSpec, python: str, prefix: Path) -> None:  # pragma: no 
           "pip"])
     _run([str(prefix / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile", "--no-deps",
           *spec.packages])
-    strip_env(prefix, extra_strip(spec.name, python))
-    _check_imports(prefix / "bin" / "python", spec)
+    strip_env(prefix, spec.extra_strip(python))
+    _run([str(prefix / "bin" / "python"), "-c", "; ".join(f"import {m}" for m in spec.import_check())])
 
 
 def strip_env(prefix: Path, extra: re.Pattern | None = None) -> int:
@@ -224,12 +253,6 @@ def strip_env(prefix: Path, extra: re.Pattern | None = None) -> int:
         kept = [line for line in lines if (site / line.split(",", 1)[0]).exists()]
         record.write_text("".join(f"{line}\n" for line in kept))
     return freed
-
-
-def _check_imports(python: Path, spec: EnvSpec) -> None:
-    env = ENVIRONMENTS.get(spec.name)
-    modules = sorted((env.provides | set(env.import_check) if env else set()) | {"numpy"})
-    _run([str(python), "-c", "; ".join(f"import {m}" for m in modules)])
 
 
 def _pyvenv_cfg(data: bytes) -> bytes:

@@ -323,7 +323,7 @@ class ModelManager:
         """Download, check (nothing written yet), then extract safely into the disk cache."""
         from tritonpack.archive import ArchiveError
         from tritonpack.check import check
-        from tritonpack.server import PYTHON_VERSION
+        from tritonpack.server import PYTHON_VERSION, local_python_has
 
         download = self.cache.staging_file(target)
         try:
@@ -341,7 +341,7 @@ class ModelManager:
             # safe_extract checked the archive before writing anything; the rest of `check` runs on the extracted
             # folder, which saves a second decompression of the tarball on every cold start.
             # The local server's python stub is this interpreter's Python: packed envs must match it.
-            report = check(model_dir, python=PYTHON_VERSION)
+            report = check(model_dir, python=PYTHON_VERSION, server_has=local_python_has)
             if report.problems:
                 self.cache.remove(target)
                 raise TargetError(400, f"{target} is not deployable", [str(p) for p in report.problems])

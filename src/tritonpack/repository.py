@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
 import shutil
 import tarfile
 import tempfile
@@ -17,8 +18,11 @@ MANIFEST = "manifest.json"
 FIXED_MTIME = 0  # tar entries and the gzip header carry no build time, so equal inputs give equal bytes
 
 
-def write_repository(folders: Iterable[ModelFolder], out_dir: Path, manifest: Mapping | None = None) -> Path:
-    """Replace `out_dir` with one folder per model (`config.pbtxt` + files); written beside, then swapped in."""
+def write_repository(folders: Iterable[ModelFolder], out_dir: Path, manifest: Mapping | None = None,
+                     top_files: Mapping[str, Path] | None = None, link: bool = False) -> Path:
+    """Replace `out_dir` with one folder per model (`config.pbtxt` + files) and `top_files` beside them (Triton
+    ignores files at the top of a repository); written beside, then swapped in. `link`: hard-link the files where
+    the file system allows (a staging copy that is only packed)."""
     folders = list(folders)
     names = [f.spec.name for f in folders]
     if len(set(names)) != len(names):
@@ -32,10 +36,10 @@ def write_repository(folders: Iterable[ModelFolder], out_dir: Path, manifest: Ma
             model_dir.mkdir()
             (model_dir / "config.pbtxt").write_text(folder.spec.render())
             for relative, source in sorted(folder.files.items()):
-                destination = model_dir / relative
-                destination.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source, destination)
+                _place(Path(source), model_dir / relative, link)
             (model_dir / "1").mkdir(exist_ok=True)  # ensembles have an empty version folder
+        for name, source in sorted((top_files or {}).items()):
+            _place(Path(source), staging / name, link)
         if manifest is not None:
             artifacts = {str(p.relative_to(staging)): sha256_file(p)
                          for p in sorted(staging.rglob("*")) if p.is_file()}
@@ -48,6 +52,17 @@ def write_repository(folders: Iterable[ModelFolder], out_dir: Path, manifest: Ma
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out_dir
+
+
+def _place(source: Path, destination: Path, link: bool) -> None:
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    if link:
+        try:
+            os.link(source, destination)
+            return
+        except OSError:  # another file system: copy
+            pass
+    shutil.copyfile(source, destination)
 
 
 def sha256_file(path: Path) -> str:
@@ -78,6 +93,8 @@ def write_tarball(repo_dir: Path, tar_path: Path) -> Path:
             if path.is_symlink():
                 raise ValueError(f"{path}: links are not packed into MME tarballs")
             info = _normalised(tar.gettarinfo(str(path), arcname=str(path.relative_to(repo_dir))))
+            if info.islnk():  # a hard link to a file packed before (e.g. a staging copy): pack its bytes again
+                info.type, info.linkname, info.size = tarfile.REGTYPE, "", path.stat().st_size
             if path.is_file():
                 with open(path, "rb") as f:
                     tar.addfile(info, f)

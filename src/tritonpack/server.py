@@ -7,6 +7,7 @@ the Python the models run in, so a backend directory is prepared once per interp
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import shutil
 import signal
@@ -23,7 +24,12 @@ from pathlib import Path
 
 from tritonpack.errors import ServerError
 
-PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"  # of the local python stub (this interpreter)
+
+
+def local_python_has(module: str) -> bool:
+    """Whether the local stub's Python (this interpreter's environment) imports `module`."""
+    return importlib.util.find_spec(module) is not None
 
 
 def pytriton_root() -> Path:

@@ -9,6 +9,7 @@ temporary folder for that, and nowhere else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from tritonpack.archive import ArchiveLimits, Problem
@@ -21,10 +22,12 @@ __all__ = ["CheckReport", "Tree", "add_command", "check", "check_tree", "cmd_che
 
 
 def check(path: Path, limits: ArchiveLimits | None = None, python: str | None = None,
-          container: str | None = None, deep: bool = False) -> CheckReport:
+          container: str | None = None, deep: bool = False,
+          server_has: Callable[[str], bool] | None = None) -> CheckReport:
     """Problems (deployment would fail) and warnings of a repository folder or MME tarball; with `deep`, also what
     each native model's backend would answer about its artifact (`report.unchecked` says what could not be
-    checked here)."""
+    checked here). `server_has(module)`: whether the server's own Python has a module a python model imports
+    without a packed environment (default: a stock Triton container's Python, which has numpy only)."""
     path = Path(path)
     limits = limits or ArchiveLimits()
     if path.is_dir():
@@ -35,7 +38,7 @@ def check(path: Path, limits: ArchiveLimits | None = None, python: str | None = 
             return CheckReport(str(path), problems)
     else:
         return CheckReport(str(path), [Problem(str(path), "path", "no such file or folder")])
-    report = check_tree(tree, path.name, python=python, container=container)
+    report = check_tree(tree, path.name, python=python, container=container, server_has=server_has)
     report.path = str(path)
     report.problems[:0] = problems
     if deep:

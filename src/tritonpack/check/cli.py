@@ -1,4 +1,5 @@
-"""`tritonpack check PATH [--deep] [--container X | --python X.Y]`: one line per problem, exit 0 if deployable."""
+"""`tritonpack check PATH [--deep] [--container X | --python X.Y | --local]`: one line per problem, exit 0 if
+deployable."""
 
 from __future__ import annotations
 
@@ -13,7 +14,12 @@ def cmd_check(args) -> int:
 
     limits = ArchiveLimits(**{k: v for k, v in (("max_members", args.max_members),
                                                 ("max_total_bytes", args.max_total_bytes)) if v})
-    report = check(Path(args.path), limits, python=args.python, container=args.container, deep=args.deep)
+    if args.local:  # the bundled Triton: its stub runs this interpreter, whose packages the models may use
+        from tritonpack.server import PYTHON_VERSION, local_python_has
+
+        report = check(Path(args.path), limits, python=PYTHON_VERSION, deep=args.deep, server_has=local_python_has)
+    else:
+        report = check(Path(args.path), limits, python=args.python, container=args.container, deep=args.deep)
     for problem in report.problems:
         print(problem)
     for warning in report.warnings:
@@ -43,6 +49,9 @@ def add_command(subparsers) -> None:
     target.add_argument("--container", help="Triton container version the target runs (e.g. 24.10); its Python "
                                             "must match the packed envs' (default: manifest.json's python_version)")
     target.add_argument("--python", help="the target stub's Python minor version, e.g. 3.10")
+    target.add_argument("--local", action="store_true",
+                        help="for the local Triton (`tritonpack serve`): its stub runs this interpreter, whose "
+                             "packages the python models may import without a packed environment")
     c.add_argument("--max-members", type=int, help=f"archive entry limit (default {ArchiveLimits.max_members})")
     c.add_argument("--max-total-bytes", type=int,
                    help=f"archive unpacked size limit (default {ArchiveLimits.max_total_bytes})")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from google.protobuf import text_format
@@ -65,7 +66,8 @@ def target_python(manifest: dict | None, python: str | None, container: str | No
     return None, ""
 
 
-def check_tree(tree: Tree, label: str, python: str | None = None, container: str | None = None) -> CheckReport:
+def check_tree(tree: Tree, label: str, python: str | None = None, container: str | None = None,
+               server_has: Callable[[str], bool] | None = None) -> CheckReport:
     report = CheckReport(label)
     problems, warnings = report.problems, report.warnings
     top_dirs, top_files = tree.children("")
@@ -79,6 +81,7 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
             problems.append(Problem("manifest.json", "file", f"not readable JSON: {e}"))
             manifest = None
     py_target, py_source = target_python(manifest, python, container)
+    local_only = bool(manifest and manifest.get("local_only"))
 
     configs = {}
     for folder in top_dirs:
@@ -93,7 +96,8 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
         if cfg.name and cfg.name != folder:
             problems.append(Problem(config_path, "name", f"{cfg.name!r} differs from its folder name {folder!r}"))
         configs[folder] = cfg
-        problems.extend(_model_problems(tree, folder, cfg, py_target, py_source, warnings))
+        problems.extend(_model_problems(tree, folder, cfg, py_target, py_source, warnings,
+                                        local_only, server_has or (lambda module: False)))
     report.models, report.configs = sorted(configs), configs
     ensembles = sorted(name for name, cfg in configs.items() if cfg.platform == "ensemble")
     entry, entry_problems = _entry_point(label, top_dirs, top_files, configs, ensembles)
@@ -139,7 +143,7 @@ def _entry_point(label: str, top_dirs: list[str], top_files: list[str], configs:
 
 
 def _model_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_source: str,
-                    warnings: list[Problem]) -> list[Problem]:
+                    warnings: list[Problem], local_only: bool, server_has: Callable[[str], bool]) -> list[Problem]:
     problems = []
     config_path = f"{folder}/config.pbtxt"
     subdirs, _ = tree.children(folder)
@@ -179,7 +183,7 @@ def _model_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_sour
             else:
                 problems.append(missing)
     if cfg.backend == "python":
-        problems.extend(_env_problems(tree, folder, cfg, py_target, py_source, warnings))
+        problems.extend(_env_problems(tree, folder, cfg, py_target, py_source, warnings, local_only, server_has))
     return problems
 
 
@@ -201,27 +205,35 @@ def _per_gpu_plan_problems(tree: Tree, vdir: str, cfg, expected) -> list[Problem
 
 
 def _env_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_source: str,
-                  warnings: list[Problem]) -> list[Problem]:
+                  warnings: list[Problem], local_only: bool, server_has: Callable[[str], bool]) -> list[Problem]:
     config_path = f"{folder}/config.pbtxt"
     where = f"parameters.{ENV_PARAMETER}"
-    if ENV_PARAMETER not in cfg.parameters:
-        from tritonpack.env import required_modules
+    from tritonpack.env import required_modules
 
-        sources = {n: t for n, t in tree.texts.items() if n.startswith(folder + "/") and n.endswith(".py")}
-        needs = required_modules(sources, {k: v.string_value for k, v in cfg.parameters.items()})
-        if needs:
-            warnings.append(Problem(config_path, where, f"not set, but the model imports {', '.join(sorted(needs))}"
-                                                        f"; the Triton container's Python has only numpy (build "
-                                                        f"with --env, make ENV=1)"))
-        return []
+    sources = {n: t for n, t in tree.texts.items() if n.startswith(folder + "/") and n.endswith(".py")}
+    needs = required_modules(sources, {k: v.string_value for k, v in cfg.parameters.items()})
+    if ENV_PARAMETER not in cfg.parameters:
+        needs = {module for module in needs if not server_has(module)}
+        if not needs:
+            return []
+        from tritonpack.env import PROVIDES
+
+        if local_only:
+            fix = "this is the local-only repository: deploy its .tar.gz, which carries the environment"
+        elif needs <= set().union(*PROVIDES.values()):
+            fix = "build the tarball with its environment (the default; drop --no-env)"
+        else:
+            fix = "no packed environment carries them (too large for an MME tarball): deploy the cpu or gpu target"
+        return [Problem(config_path, where, f"not set, but the model imports {', '.join(sorted(needs))}, which the "
+                                            f"Triton container's Python lacks (it has numpy only); {fix}")]
     value = cfg.parameters[ENV_PARAMETER].string_value
     if not value.startswith(MODEL_DIR_VAR + "/"):
         return [Problem(config_path, where, f"{value!r} must start with {MODEL_DIR_VAR}/ so the env travels "
-                                            f"inside the model folder")]
+                                            f"inside the repository")]
     relative = value[len(MODEL_DIR_VAR) + 1:]
     resolved = posixpath.normpath(posixpath.join(folder, relative))
-    if relative.startswith("/") or not resolved.startswith(folder + "/"):
-        return [Problem(config_path, where, f"{value!r} leads outside the model folder {folder}/")]
+    if relative.startswith("/") or resolved == ".." or resolved.startswith("../"):
+        return [Problem(config_path, where, f"{value!r} leads outside the repository")]
     if resolved not in tree.files:
         return [Problem(config_path, where, f"{value!r}: {resolved} does not exist")]
     env = tree.envs.get(resolved)
@@ -238,6 +250,10 @@ def _env_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_source
     elif env.python != py_target:
         return [Problem(resolved, "python", f"env has Python {env.python} but the target's stub runs "
                                             f"{py_target} ({py_source})")]
+    missing = needs - env.modules
+    if missing:
+        return [Problem(config_path, where, f"{resolved} lacks {', '.join(sorted(missing))}, which the model "
+                                            f"imports")]
     return []
 
 

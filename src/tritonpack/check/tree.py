@@ -28,6 +28,7 @@ TEXT_LIMIT = 4 << 20  # configs, manifests and model sources are small; larger o
 class EnvInfo:
     python: str | None
     problems: list[Problem]
+    modules: frozenset[str] = frozenset()  # top-level importable names in its site-packages
 
 
 @dataclass
@@ -82,6 +83,8 @@ class _Hashing(io.RawIOBase):
 _PYVENV_VERSION = re.compile(r"^\s*version(?:_info)?\s*=\s*(\d+)\.(\d+)", re.MULTILINE)
 _CONDA_PYTHON = re.compile(r"^conda-meta/python-(\d+)\.(\d+)\.[^/]*\.json$")
 _LIB_PYTHON = re.compile(r"^lib/python(\d+)\.(\d+)(/|$)")
+# A top-level importable name in site-packages: a package folder, a module, or an extension module.
+_SITE_MODULE = re.compile(r"^lib/python\d+\.\d+/site-packages/([A-Za-z_][A-Za-z0-9_]*)(/|\.py$|\.cpython-[^/]*\.so$)")
 
 
 def inspect_env(fileobj, label: str, limits: ArchiveLimits) -> EnvInfo:
@@ -91,6 +94,7 @@ def inspect_env(fileobj, label: str, limits: ArchiveLimits) -> EnvInfo:
     `lib/pythonX.Y/` folder name (both).
     """
     found: dict[str, str] = {}
+    modules: set[str] = set()
 
     def visit(member: tarfile.TarInfo, tar: tarfile.TarFile) -> None:
         name = normalise_name(member.name)
@@ -101,11 +105,13 @@ def inspect_env(fileobj, label: str, limits: ArchiveLimits) -> EnvInfo:
                 found.setdefault("pyvenv", f"{m[1]}.{m[2]}")
         elif m := _LIB_PYTHON.match(name):
             found.setdefault("lib", f"{m[1]}.{m[2]}")
+        if m := _SITE_MODULE.match(name):
+            modules.add(m[1])
 
     problems = [Problem(p.file if p.file == label else f"{label}:{p.file}", p.field, p.reason)
                 for p in scan(fileobj, label, limits, visit, links_out=True)]
     python = found.get("conda") or found.get("pyvenv") or found.get("lib")
-    return EnvInfo(python, problems)
+    return EnvInfo(python, problems, frozenset(modules))
 
 
 def _keep_text(name: str, size: int) -> bool:
