@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tritonpack import CARD_ROOT
+from tritonpack import CARD_ROOT, contracts
 from tritonpack.build.text_source import SentenceTransformerSource
 from tritonpack.cache import producer
 
@@ -224,7 +224,7 @@ def encoder_packed(out_dir: Path, source: SentenceTransformerSource, pooled: boo
     expected = _expected(source, inputs)
     packed, lengths = pack(inputs)
     names = ["input_ids", "position_ids", "segment_ids"] + (["token_type_ids"] if "token_type_ids" in packed else [])
-    output = "EMBEDDING" if pooled else "token_embeddings"
+    output = contracts.TEXT.output if pooled else "token_embeddings"
     axes = {n: {1: "tokens"} for n in names} | {output: {0: "sentences"} if pooled else {1: "tokens"}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

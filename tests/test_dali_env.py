@@ -100,8 +100,11 @@ def test_dali_env_strip_keeps_only_what_the_cpu_runner_loads_when_packing_for_py
     assert bool(extra_strip("dali", "3.11").search(path)) is stripped
 
 
-def test_env_key_ignores_dali_rules_when_env_is_not_dali():
+def test_dali_strip_rules_apply_only_to_environments_with_dali_when_combined():
     from tritonpack.envpack import EnvSpec, extra_strip
 
     assert extra_strip("text", "3.11") is None and extra_strip("onnx", "3.10") is None
-    assert EnvSpec.load("dali").key("3.10") != EnvSpec.load("dali").key("3.11")
+    assert EnvSpec.load(("onnx", "text")).extra_strip("3.10") is None
+    combined = EnvSpec.load(("dali", "onnx")).extra_strip("3.10")
+    assert combined.search("nvidia/dali/backend_impl.cpython-311-x86_64-linux-gnu.so")  # another CPython's module
+    assert not combined.search("nvidia/dali/backend_impl.cpython-310-x86_64-linux-gnu.so")  # the env's own

@@ -41,10 +41,10 @@ def test_image_size_returns_none_when_header_is_unreadable(data):
 
 
 def test_check_image_pixels_rejects_image_when_header_claims_more_than_limit():
-    with pytest.raises(ClientError, match="20000x20000"):
-        check_image_pixels(hostile.jpeg_claiming(hostile.sample_jpeg(), 20000, 20000), 50_000_000)
+    with pytest.raises(ClientError, match=r"^IMAGE\[0\] header claims 20000x20000"):
+        check_image_pixels(hostile.jpeg_claiming(hostile.sample_jpeg(), 20000, 20000), 50_000_000, "IMAGE[0]")
 
 
 def test_check_image_pixels_accepts_image_when_within_limit_or_disabled():
-    check_image_pixels(hostile.sample_jpeg(), 64 * 48)
-    check_image_pixels(hostile.jpeg_claiming(hostile.sample_jpeg(), 20000, 20000), 0)
+    check_image_pixels(hostile.sample_jpeg(), 64 * 48, "IMAGE[0]")
+    check_image_pixels(hostile.jpeg_claiming(hostile.sample_jpeg(), 20000, 20000), 0, "IMAGE[0]")

@@ -42,7 +42,7 @@ def image_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def check_image_pixels(data: bytes, max_pixels: int, name: str = "IMAGE") -> None:
+def check_image_pixels(data: bytes, max_pixels: int, name: str) -> None:
     """Raise ClientError when the header claims more than `max_pixels` pixels (0 disables the check)."""
     if max_pixels <= 0:
         return

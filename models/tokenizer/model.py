@@ -12,6 +12,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.input_name = config["input"][0]["name"]
         self.output_names = [o["name"] for o in config["output"]]
         self.max_text_bytes = int(params["max_text_bytes"])
         self.max_batch_size = int(config["max_batch_size"])
@@ -28,7 +29,7 @@ class TritonPythonModel:
                            pb_utils.Logger)
 
     def _parse(self, request):
-        return decode_texts(read_input(pb_utils, request, "TEXT"), self.max_text_bytes, self.max_batch_size)
+        return decode_texts(read_input(pb_utils, request, self.input_name), self.max_text_bytes, self.max_batch_size)
 
     def _tensors(self, result):
         return [pb_utils.Tensor(name, result[name]) for name in self.output_names]
