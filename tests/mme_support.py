@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import BUILD_CACHE
 from tests.reliability import hostile
 from tritonpack.mme import LocalMME, parse_metrics
-from tritonpack.sagemaker_triton import TARGET_HEADER
+from tritonpack.mme.container import TARGET_HEADER
 
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
            "AWS_DEFAULT_REGION": "us-east-1"}
