@@ -26,6 +26,7 @@ from tritonpack.mme.sources import TargetError
 log = logging.getLogger("tritonpack.mme")
 ENDPOINT_NAME = re.compile(r"[A-Za-z0-9](?:-*[A-Za-z0-9]){0,62}")
 INVOKE_THREADS = 64
+DRAIN_GRACE_S = 1.0
 
 
 def request_problem(body: bytes, content_type: str | None) -> str | None:
@@ -180,16 +181,20 @@ class Gateway:
 
     # ---- stopping ---------------------------------------------------------------------------------------------
     async def drain(self, runner: web.AppRunner, timeout_s: float) -> None:
-        """Stop accepting connections, answer new requests on open ones 503 with Retry-After, let calls in flight
-        finish for up to `timeout_s` and answer the rest 503 too; then close every connection."""
+        """Stop accepting connections, answer new requests on open ones 503 with Retry-After (and close them), let
+        calls in flight finish for up to `timeout_s` and answer the rest 503 too; then close every connection.
+        Open connections get at least `DRAIN_GRACE_S`, so that a keep-alive client sending its next request gets the
+        503 instead of a reset."""
         for site in list(runner.sites):
             await site.stop()
         self.draining = True
+        grace = asyncio.ensure_future(asyncio.sleep(min(DRAIN_GRACE_S, timeout_s)))
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
         except asyncio.TimeoutError:
             log.warning("%d calls still running after %g s of draining: answered 503", self._in_flight, timeout_s)
         self._deadline.set()
+        await grace
         await runner.cleanup()
         self._invokers.shutdown(wait=False, cancel_futures=True)
         self._probes.shutdown(wait=False, cancel_futures=True)

@@ -21,6 +21,8 @@ class FaultPolicy:
     """Bounds on failure. A target that kills its python stub or tritonserver `crashes_to_quarantine` times within
     `crash_window_s` is refused for `quarantine_s` (answered at once, other targets unaffected); tritonserver is
     restarted at most `restarts` times in a burst, and one more restart becomes available every `restart_refill_s`.
+    A server death is charged to the targets that had work in it and had not yet answered a call since their load
+    (when there were several, to those among them that were suspects of the previous death as well).
     """
 
     crashes_to_quarantine: int = 3
@@ -28,7 +30,7 @@ class FaultPolicy:
     quarantine_s: float = 300.0
     restarts: int = 3
     restart_refill_s: float = 120.0
-    dead_unload_timeout_s: float = 30.0  # a target whose stub died must unload within this, else a restart
+    dead_unload_timeout_s: float = 10.0  # a target whose stub died must unload within this, else a restart
     slot_wait_s: float = 60.0  # how long a first call waits for a model slot while every loaded target is busy
 
     def __post_init__(self) -> None:

@@ -4,8 +4,8 @@ A first call takes a free model slot (`slots.SlotTable`), or the slot of the lea
 that target has been unloaded, or waits. A tarball is fetched and checked before any slot is touched, and a load
 Triton refuses gives the evicted target its slot back: a failed load leaves the loaded set as it was. A target whose
 python stub dies is unloaded and loaded again (tritonserver is restarted only when that unload does not finish); one
-that keeps crashing its stub or the server is quarantined (`health.FaultPolicy`). A failed attempt is tried once
-more when its `RetryReason` says another may succeed: that loop is in `invoke`, nowhere else.
+that keeps crashing its stub or the server is quarantined (`health.FaultPolicy`). A failed attempt is tried again
+when its `RetryReason` says another may succeed, once per reason: that loop is in `invoke`, nowhere else.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from tritonpack.mme.store import TargetStore
 
 log = logging.getLogger("tritonpack.mme")
 INSUFFICIENT_STORAGE = 507
-MAX_ATTEMPTS = 2
 # Triton 2.51 keeps a model whose python stub died registered and ready; every request through it then fails with
 # this (500 on Triton's HTTP front-end, 400 on its SageMaker front-end), within about a second.
 STUB_UNHEALTHY = re.compile(r"Stub process '[^']*' is not healthy")
@@ -43,24 +42,24 @@ class ModelManager:
     def invoke(self, target: str, body: bytes, content_type: str | None) -> Reply:
         """Triton's answer for `body` sent to `target`; raises TargetError when the target cannot be served."""
         target = validate_target(target)
-        attempt = 1
+        tried: set[RetryReason] = set()
         while True:
             try:
                 return self._attempt(target, body, content_type)
             except Retry as retry:
-                if attempt == MAX_ATTEMPTS:
+                if retry.reason in tried:
                     return retry.give_up()
-                attempt += 1
+                tried.add(retry.reason)
                 self.metrics.inc("InvocationRetries")
                 log.info("%s: trying again: %s", target, retry.reason.value)
 
     def _attempt(self, target: str, body: bytes, content_type: str | None) -> Reply:
-        slot = self._acquire(target)
+        slot, reply = self._acquire(target), None
         try:
             reply = self.recovery.call(lambda: self.container.invoke(target_hash(target), target, body,
                                                                      content_type))
         finally:
-            self.slots.release(slot)
+            self.slots.release(slot, served=reply is not None and reply.status == 200)
         if reply.status == 200:
             return reply
         if reply.status == 404 and not reply.body:
@@ -153,8 +152,10 @@ class ModelManager:
             log.warning("%s: could not be loaded again after a failed load took its slot: %s", evicted.target, e)
 
     def _unload(self, slot: Slot) -> None:
-        """Unload `slot` (phase UNLOADING). One that does not unload in time (a target whose stub died, under
-        load, was seen never to finish in Triton 2.51) gets tritonserver restarted, which empties the table."""
+        """Unload `slot` (phase UNLOADING), which no call is using. Triton 2.51's SageMaker front-end holds one of
+        its HTTP threads for the whole unload, and a reply due on that thread waits for it: an unload that waits for
+        a request in flight never finishes. So a target is unloaded only once none of its calls is in Triton, and one
+        that still does not unload in time (its stub died) gets tritonserver restarted, which empties the table."""
         timeout = self.policy.dead_unload_timeout_s if slot.broken else None
         generation, started = self.container.starts, time.monotonic()
         try:
@@ -188,8 +189,8 @@ class ModelManager:
         target = slot.target
         quarantined = self.slots.mark_broken(slot, f"a python stub died: {message}") \
             and self.crashes.record(target, message)
-        if quarantined and self.slots.start_unloading(slot=slot) is not None:  # free its slot now
-            self._unload(slot)
+        if quarantined and self.slots.start_unloading(slot=slot, wait_s=self.policy.dead_unload_timeout_s):
+            self._unload(slot)  # its slot is free for others at once, not when it is evicted
             self.slots.drop(slot)
         try:
             self.crashes.refuse_if_quarantined(target)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from contextlib import suppress
 from enum import Enum
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tritonpack.mme")
 T = TypeVar("T")
 WATCH_INTERVAL_S = 0.5
+DYING_S = 1.0
 
 
 class RetryReason(Enum):
@@ -53,6 +55,7 @@ class Recovery:
         self._lock = threading.Lock()
         self._planned_stop = 0  # start number of the last server the gateway stopped on purpose
         self._charged = 0  # start number of the last dead server whose death was charged to its targets
+        self._previous_suspects: set[str] = set()
         self._done = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="mme-watchdog", daemon=True)
 
@@ -63,7 +66,7 @@ class Recovery:
         try:
             return request()
         except TritonUnavailable as e:
-            if self.container.alive() and self.container.starts == generation:
+            if self._still_running(generation):
                 raise TargetError(502, f"tritonserver did not answer: {e}") from e
             if self._planned_stop == generation:
                 raise Retry(RetryReason.PLANNED_RESTART,
@@ -76,6 +79,16 @@ class Recovery:
             raise TargetError(503, f"tritonserver exited with {self.last_exit} during the call; {state}",
                               retry_after=1 if self.container.alive() else self.budget.wait_s()) from e
 
+    def _still_running(self, generation: int) -> bool:
+        """Whether server start `generation` is still up; a dying one closes its sockets before it exits, so it
+        gets a second to be seen gone."""
+        deadline = time.monotonic() + DYING_S
+        while self.container.alive() and self.container.starts == generation:
+            if time.monotonic() > deadline:
+                return True
+            time.sleep(0.05)
+        return False
+
     def ensure_running(self) -> None:
         """Restart a dead tritonserver, charging its death to the targets that had work in it; TargetError (503,
         with the wait) when shutting down or the restart budget is spent."""
@@ -87,12 +100,18 @@ class Recovery:
             if self._charged != self.container.starts:
                 self._charged = self.container.starts
                 self.last_exit = self.container.exit_code()
-                suspects = self.manager.slots.drop_all()
-                why = f"tritonserver exited with {self.last_exit}"
-                log.warning("%s; in use by: %s", why, ", ".join(suspects) or "-")
-                for target in suspects:
-                    self.manager.crashes.record(target, f"{why} while it was in use")
+                self._charge(set(self.manager.slots.drop_all()), f"tritonserver exited with {self.last_exit}")
             self._restart(f"tritonserver exited with {self.last_exit}", planned=False)
+
+    def _charge(self, suspects: set[str], why: str) -> None:
+        """Charge a server death to its suspects (`SlotTable.drop_all`). Of several, only those that were suspects
+        of the previous death too: the culprit is in every death it causes, a bystander seldom in two."""
+        charged = suspects if len(suspects) <= 1 else suspects & self._previous_suspects
+        self._previous_suspects = suspects
+        log.warning("%s; suspects: %s; charged: %s", why, ", ".join(sorted(suspects)) or "-",
+                    ", ".join(sorted(charged)) or "-")
+        for target in sorted(charged):
+            self.manager.crashes.record(target, f"{why} while it was in use")
 
     def restart(self, why: str, generation: int) -> None:
         """Stop tritonserver start `generation` on purpose and start it again (calls it cuts short are tried

@@ -32,6 +32,7 @@ class Slot:
     last_used: float = field(default_factory=time.monotonic)
     broken: str | None = None  # why calls through this load fail (its stub died, Triton forgot it): load again
     handover: str | None = None  # while unloading: the target that takes this slot afterwards
+    served: bool = False  # this load has answered a call
 
     @property
     def target(self) -> str:
@@ -67,8 +68,9 @@ class SlotTable:
                 if slot is not None and slot.phase is Phase.LOADED:
                     if not slot.broken:
                         return self._use(slot), None
-                    slot.phase, slot.handover = Phase.UNLOADING, target  # its last load broke: load it again
-                    return Slot(prepared), slot
+                    if not slot.active:  # its last load broke: unload it once no call is in it, load it again
+                        slot.phase, slot.handover = Phase.UNLOADING, target
+                        return Slot(prepared), slot
                 if slot is None and not any(s.handover == target for s in self._slots.values()):
                     if len(self._slots) < self.max_models:
                         new = self._slots[target] = Slot(prepared)
@@ -113,12 +115,15 @@ class SlotTable:
             self._changed()
             return set(self._slots)
 
-    def start_unloading(self, keep: str | None = None, slot: Slot | None = None) -> Slot | None:
-        """Mark `slot` (if still loaded and current) or else the least recently used idle target other than `keep`
-        as unloading; the slot to unload, or None."""
+    def start_unloading(self, keep: str | None = None, slot: Slot | None = None, wait_s: float = 0.0) -> Slot | None:
+        """Mark `slot` (once it is idle, waiting up to `wait_s`; if it is still loaded and current) or else the least
+        recently used idle target other than `keep` as unloading; the slot to unload, or None."""
+        deadline = time.monotonic() + wait_s
         with self._cond:
             if slot is not None:
-                current = self._slots.get(slot.target) is slot and slot.phase is Phase.LOADED
+                while slot.active and time.monotonic() < deadline:
+                    self._cond.wait(timeout=deadline - time.monotonic())
+                current = self._slots.get(slot.target) is slot and slot.phase is Phase.LOADED and not slot.active
                 victim = slot if current else None
             else:
                 victim = self._idle(keep)
@@ -139,8 +144,9 @@ class SlotTable:
             slot.broken = slot.broken or why
             return first
 
-    def release(self, slot: Slot) -> None:
+    def release(self, slot: Slot, served: bool = False) -> None:
         with self._cond:
+            slot.served = slot.served or served
             slot.active -= 1
             slot.last_used = time.monotonic()
             self._cond.notify_all()
@@ -152,9 +158,11 @@ class SlotTable:
                 self._changed()
 
     def drop_all(self) -> list[str]:
-        """Forget every slot (tritonserver is gone or going); the targets that had work in flight."""
+        """Forget every slot (tritonserver is gone or going); the targets that had work in it and had not answered
+        a call since they were loaded. A target that kills the server never answers; targets that were serving
+        beside it are not blamed for its deaths (nor for a server killed from outside)."""
         with self._cond:
-            suspects = [t for t, s in self._slots.items() if s.active or s.phase is Phase.LOADING]
+            suspects = [t for t, s in self._slots.items() if (s.active or s.phase is Phase.LOADING) and not s.served]
             self._slots.clear()
             self._changed()
             return suspects
@@ -166,7 +174,7 @@ class SlotTable:
     def snapshot(self) -> list[Slot]:
         """Copies of the slots, least recently used first (for tests and diagnostics)."""
         with self._cond:
-            return [Slot(s.prepared, s.phase, s.active, s.last_used, s.broken, s.handover)
+            return [Slot(s.prepared, s.phase, s.active, s.last_used, s.broken, s.handover, s.served)
                     for s in self._slots.values()]
 
     def wake_all(self) -> None:
