@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -341,3 +344,41 @@ def test_local_mme_drains_calls_in_flight_and_answers_the_rest_503_when_it_stops
     assert not workdir.exists(), f"{workdir} outlived stop()"
     assert group_members(pgid) == [] and regions and not regions & hostile.shm_regions()
     assert zombie_children() == []
+
+
+def test_mme_command_answers_the_call_in_flight_and_exits_cleanly_when_it_gets_sigterm(models_dir, tmp_path):
+    from tritonpack.server import free_port
+
+    port, root = free_port(), Path(__file__).resolve().parents[1]
+    server = SimpleNamespace(url=f"http://127.0.0.1:{port}")  # what `invoke` needs of a LocalMME
+    with subprocess.Popen(
+            [sys.executable, "-m", "tritonpack.cli", "mme", "--models", str(models_dir), "--port", str(port),
+             "--cache-dir", str(tmp_path / "cache")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "src"), os.environ.get("PYTHONPATH", "")]))
+    ) as command:
+        try:
+            first_line = command.stdout.readline()  # "starting tritonserver ...; log: <workdir>/tritonserver.log"
+            workdir = Path(first_line.rsplit("log: ", 1)[1].strip()).parent
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not ping_ok(server.url):
+                time.sleep(0.2)
+            assert invoke(server, "slow.tar.gz").status_code == 200  # loaded: a call now takes ~0.5 s
+            with ThreadPoolExecutor(1) as pool:
+                in_flight = pool.submit(invoke, server, "slow.tar.gz")
+                time.sleep(0.2)
+                command.send_signal(signal.SIGTERM)
+                assert in_flight.result().status_code == 200
+            assert command.wait(timeout=60) == 0
+        finally:
+            if command.poll() is None:
+                command.kill()
+        output = command.stdout.read()
+    assert "stopping: draining" in output and "Traceback" not in output, output[-2000:]
+    assert not workdir.exists()
+
+
+def ping_ok(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/ping", timeout=2).status_code == 200
+    except requests.ConnectionError:
+        return False
