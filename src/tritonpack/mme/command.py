@@ -42,6 +42,10 @@ def cmd_mme(args) -> int:
     print(f"starting tritonserver (SageMaker front-end, MME mode); log: {mme.triton.log_path}", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        mme.start()
+    except OSError as e:
+        raise UserError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     with mme:
         print(f"local MME on {mme.url}: models from {mme.source}, at most {args.max_models} loaded, "
               f"disk cache {mme.cache.root} ({args.cache_bytes})\n"

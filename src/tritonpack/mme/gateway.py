@@ -92,13 +92,16 @@ class Gateway:
         except web.HTTPException as e:
             if e.status < 400:
                 raise
+            if e.status == 413:  # a chunked body past the limit: the rest is not read
+                response = error_response("ValidationError", f"payload above the {self.max_payload_bytes} byte "
+                                                             f"limit", 413)
+                response.force_close()
+                return self._counted(response)
             code = "UnknownOperationException" if e.status in (404, 405) else "ValidationError"
             response = error_response(code, f"{e.reason}: {request.method} {request.path}", e.status)
             if "Allow" in e.headers:
                 response.headers["Allow"] = e.headers["Allow"]
-            if e.status == 413:
-                response.force_close()
-            return self._counted(response) if request.path.endswith("/invocations") else response
+            return response
 
     # ---- routes -----------------------------------------------------------------------------------------------
     async def ping(self, request: web.Request) -> web.Response:

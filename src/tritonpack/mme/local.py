@@ -48,7 +48,7 @@ class LocalMME:
         store = TargetStore(self.source, self.cache, metrics, python=PYTHON_VERSION)
         self.manager = ModelManager(store, self.triton, self.max_models, metrics, self.policy)
         self.gateway = Gateway(self.manager, self.max_payload_bytes)
-        self._loop = asyncio.new_event_loop()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
         self._bound_port: int | None = None
@@ -58,12 +58,16 @@ class LocalMME:
         return f"http://{self.host}:{self._bound_port or self.port}"
 
     def start(self) -> LocalMME:
-        self.triton.start()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="mme-gateway", daemon=True)
-        self._thread.start()
         try:
+            self.triton.start()
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="mme-gateway", daemon=True)
+            self._thread.start()
             self._bound_port = self._run(self._listen())
-        except BaseException:
+        except BaseException:  # a port in use, a server that would not start: nothing is left running
+            if self._runner is not None:
+                self._run(self._runner.cleanup())
+                self._runner = None
             self._stop_loop()
             self.triton.close()
             raise
@@ -99,7 +103,7 @@ class LocalMME:
             self._loop.close()
 
     def __enter__(self) -> LocalMME:
-        return self.start()
+        return self if self._thread is not None else self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
