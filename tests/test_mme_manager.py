@@ -122,9 +122,6 @@ class FakeTriton:
     def track_stubs(self) -> None:
         pass
 
-    def log_tail(self, lines: int = 10) -> str:
-        return ""
-
     def stop(self, timeout_s: float = 30.0) -> None:
         self.running = False
 

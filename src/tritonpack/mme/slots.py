@@ -8,7 +8,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 from tritonpack.mme.metrics import Metrics
@@ -29,7 +29,6 @@ class Slot:
     prepared: Prepared
     phase: Phase = Phase.LOADING
     active: int = 0  # calls using this load now
-    last_used: float = field(default_factory=time.monotonic)
     broken: str | None = None  # why calls through this load fail (its stub died, Triton forgot it): load again
     handover: str | None = None  # while unloading: the target that takes this slot afterwards
     served: bool = False  # this load has answered a call
@@ -148,7 +147,6 @@ class SlotTable:
         with self._cond:
             slot.served = slot.served or served
             slot.active -= 1
-            slot.last_used = time.monotonic()
             self._cond.notify_all()
 
     def drop(self, slot: Slot) -> None:
@@ -174,7 +172,7 @@ class SlotTable:
     def snapshot(self) -> list[Slot]:
         """Copies of the slots, least recently used first (for tests and diagnostics)."""
         with self._cond:
-            return [Slot(s.prepared, s.phase, s.active, s.last_used, s.broken, s.handover, s.served)
+            return [Slot(s.prepared, s.phase, s.active, s.broken, s.handover, s.served)
                     for s in self._slots.values()]
 
     def wake_all(self) -> None:
@@ -188,8 +186,7 @@ class SlotTable:
 
     def _use(self, slot: Slot) -> Slot:
         slot.active += 1
-        slot.last_used = time.monotonic()
-        self._slots.move_to_end(slot.target)
+        self._slots.move_to_end(slot.target)  # the table's order is least recently used first
         return slot
 
     def _changed(self) -> None:
