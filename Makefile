@@ -26,7 +26,7 @@ BUILD_ARGS = $(NAME) $(if $(TARGET),--target $(TARGET))$(if $(IO_NAMES), --io-na
 CHOSEN = $(or $(TARGET),$(shell cat dist/.$(NAME).target 2>/dev/null),portable)
 REPO = dist/$(NAME)-$(CHOSEN)
 
-.PHONY: help setup ensemble build serve test soak lint clean env check mme bench bench-smoke
+.PHONY: help setup ensemble build serve test soak lint clean env check mme mme-load bench bench-smoke
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -60,11 +60,14 @@ mme: $(STAMP) ## local SageMaker MME on MME_PORT (8080) serving dist/*.tar.gz; b
 	@echo "invoke: $(BIN)/tritonpack infer --mme http://127.0.0.1:$(MME_PORT) --target-model $(notdir $(REPO)).tar.gz 'some text'"
 	$(BIN)/tritonpack mme --models dist --port $(MME_PORT) --max-models $(MAX_MODELS)
 
+mme-load: $(STAMP) ## local MME under locust load, faults injected on a schedule (~90 s) → dist/mme-load/report.md
+	$(BIN)/python -m tests.reliability.mme_load --out dist/mme-load
+
 test: $(STAMP) ## run the test suite (unit tests and real-tritonserver tests)
 	$(BIN)/python -m pytest
 
 soak: $(STAMP) ## reliability soak: 10,000 mixed requests per ensemble, fuzzed archives, slow tests (figures: dist/soak/)
-	$(BIN)/python -m pytest -m soak -s tests/test_soak.py
+	$(BIN)/python -m pytest -m soak -s tests/test_soak.py tests/test_mme_load.py
 	$(BIN)/python -m pytest -m slow
 	TRITONPACK_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest tests/test_archive_fuzz.py
 

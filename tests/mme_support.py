@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tarfile
+import textwrap
 import urllib.request
 from pathlib import Path
 
@@ -21,7 +23,7 @@ import pytest
 from tests.conftest import BUILD_CACHE
 from tests.reliability import hostile
 from tritonpack.mme import LocalMME, parse_metrics
-from tritonpack.sagemaker_triton import TARGET_HEADER
+from tritonpack.mme.container import TARGET_HEADER
 
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
            "AWS_DEFAULT_REGION": "us-east-1"}
@@ -97,6 +99,60 @@ def tiny_reference(tiny_model):
     return lambda texts: model.encode(list(texts), convert_to_numpy=True)
 
 
+# ---- tiny python models that misbehave on purpose -------------------------------------------------------------
+FAULTY_MODEL = """\
+import os
+import signal
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+{at_import}
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            texts = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
+            {per_request}
+            embedding = np.full((len(texts), 4), len(texts[0, 0]), dtype=np.float32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("EMBEDDING", embedding)]))
+        return responses
+"""
+STUB_KILLER = "os._exit(1)"  # the python stub dies in the middle of a request
+SERVER_KILLER = "os.kill(os.getppid(), signal.SIGKILL)"  # the stub kills tritonserver, its parent
+
+
+def python_model_tarball(dest: Path, name: str, per_request: str = "pass", at_import: str = "") -> Path:
+    """An MME tarball: ensemble `name` (TEXT → EMBEDDING [4], each row filled with the first text's length) with one
+    python step `<name>_step` that runs `per_request` before answering each request and `at_import` when imported:
+    the fault to inject. Configs are rendered from `tritonpack.spec`, so `tritonpack check` passes them."""
+    from tritonpack.spec import EnsembleStep, InstanceGroup, ModelSpec, Tensor
+
+    text, embedding = Tensor("TEXT", "TYPE_STRING", (1,)), Tensor("EMBEDDING", "TYPE_FP32", (4,))
+    step = ModelSpec(f"{name}_step", 8, (text,), (embedding,), backend="python", instance_group=(InstanceGroup(),))
+    ensemble = ModelSpec(name, 8, (text,), (embedding,), platform="ensemble",
+                         ensemble_steps=(EnsembleStep(step.name, {"TEXT": "TEXT"}, {"EMBEDDING": "EMBEDDING"}),))
+    repository = dest.parent / f".{dest.name}.repository"
+    for spec in (ensemble, step):
+        (repository / spec.name / "1").mkdir(parents=True, exist_ok=True)
+        (repository / spec.name / "config.pbtxt").write_text(spec.render())
+    source = FAULTY_MODEL.format(at_import=at_import, per_request=textwrap.indent(per_request, " " * 12).strip())
+    (repository / step.name / "1" / "model.py").write_text(source)
+    with tarfile.open(dest, "w:gz") as tar:
+        for spec in (ensemble, step):
+            tar.add(repository / spec.name, arcname=spec.name)
+    shutil.rmtree(repository)
+    return dest
+
+
+def text_body(text: str = "hello") -> bytes:
+    """A KServe v2 JSON request for the TEXT input."""
+    return json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": [text]}]}).encode()
+
+
 # ---- local MME --------------------------------------------------------------------------------------------------
 def link_or_copy(source: Path, dest: Path) -> None:
     try:
@@ -130,6 +186,15 @@ def local_mme(tmp_path_factory, aws_env):
         server.stop()
 
 
+def raw_invoke(server: LocalMME, target: str, body: bytes, headers: dict | None = None, session=None):
+    """InvokeEndpoint as raw HTTP (boto3 would retry a 5xx answer on its own); the `requests` response."""
+    import requests
+
+    headers = {"Content-Type": "application/json", **(headers or {}), TARGET_HEADER: target.encode()}
+    return (session or requests).post(f"{server.url}/endpoints/local/invocations", data=body, headers=headers,
+                                      timeout=300)
+
+
 def runtime_for(server: LocalMME):
     """An unmodified boto3 sagemaker-runtime client pointed at the gateway."""
     import boto3
@@ -156,7 +221,6 @@ class HostileProbe:
 
     Requests go as raw HTTP to `/endpoints/<name>/invocations` in SageMaker's form (`hostile.sagemaker_form`)."""
 
-    PATH = "/endpoints/local/invocations"
     WATCHED = ("TritonRestarts", "ModelReloads", "Invocation5XXErrors")
 
     def __init__(self, server: LocalMME, target: str, valid: hostile.RawRequest):
@@ -167,8 +231,8 @@ class HostileProbe:
 
     def send(self, request: hostile.RawRequest) -> tuple[int, str]:
         request = hostile.sagemaker_form(request)
-        headers = request.headers | {TARGET_HEADER: self.target}
-        return hostile.send(self.server.url, self.PATH, hostile.RawRequest(request.body, headers), timeout=300)
+        answer = raw_invoke(self.server, self.target, request.body, request.headers)
+        return answer.status_code, answer.content.decode(errors="replace")
 
     def check(self, case: hostile.HostileCase) -> None:
         """`case` gets a 4xx with a SageMaker-style error body; gateway and Triton stay up and no python stub dies;

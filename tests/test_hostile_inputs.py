@@ -3,7 +3,7 @@
 Each case gets a client error (4xx) — or, where tritonserver 2.51's own front-end answers before any project
 code runs, exactly the answer recorded in `tritonpack.hostile` (README, "Reliability", lists them) — and
 afterwards the server is ready, no process died or restarted, and a valid request gets the same answer as
-before. `tritonpack.request_guard` (what a gateway runs first) must refuse every case Triton gets wrong.
+before. `tritonpack.mme.request_guard` (what a gateway runs first) must refuse every case Triton gets wrong.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tests.reliability.soak import EMBEDDING_ATOL, outputs
 from tests.texts import assert_embeddings_match
 from tritonpack import ensembles
 from tritonpack.ensembles.text import MAX_TEXT_BYTES
-from tritonpack.request_guard import infer_request_problem
+from tritonpack.mme.request_guard import infer_request_problem
 
 TEXT_ENSEMBLES = [n for n in ("bert", "bert_pt") if n in ensembles.NAMES]
 IMAGE_ENSEMBLES = ("dali_inception", "resnet_pt", "resnet_trt")

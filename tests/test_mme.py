@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -22,12 +23,13 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests import mme_support
-from tests.mme_support import HostileProbe, link_or_copy, metrics, runtime_for, timing
+from tests.mme_support import HostileProbe, link_or_copy, metrics, raw_invoke, runtime_for, text_body, timing
 from tests.reliability import hostile
 from tests.test_hostile_inputs import TEXT_CASES
 from tests.texts import SENTENCES, assert_embeddings_match
 from tritonpack import aws, codec, payloads
 from tritonpack.mme import LocalMME
+from tritonpack.mme.health import FaultPolicy
 
 pytestmark = pytest.mark.server
 # shared fixtures (session-scoped: one moto server and one tiny tarball for the whole run; module-scoped MMEs)
@@ -207,10 +209,12 @@ def test_local_mme_serves_metrics_named_like_cloudwatch_when_scraped(mme):
     assert values["ModelCacheHit"] > 0 and values["ModelLoadingWaitTime_count"] > 0
 
 
-def test_local_mme_bounds_disk_cache_and_restarts_triton_when_it_dies(models_dir, tmp_path, tiny_reference,
-                                                                    aws_env):
+def test_local_mme_bounds_disk_cache_and_restarts_triton_within_its_budget_when_it_dies(models_dir, tmp_path,
+                                                                                      tiny_reference, aws_env):
     expected = tiny_reference(FEW)
-    with LocalMME(str(models_dir), port=0, max_models=1, cache_dir=tmp_path / "cache", cache_bytes=1) as server:
+    policy = FaultPolicy(restarts=1, restart_refill_s=10.0)  # one restart at once, the next 10 s later
+    with LocalMME(str(models_dir), port=0, max_models=1, cache_dir=tmp_path / "cache", cache_bytes=1,
+                  policy=policy) as server:
         runtime = boto3.client("sagemaker-runtime", endpoint_url=server.url, region_name="us-east-1")
         assert_embeddings_match(embed(runtime, "tiny-a.tar.gz", FEW), expected)
         assert_embeddings_match(embed(runtime, "tiny-b.tar.gz", FEW), expected)
@@ -219,20 +223,30 @@ def test_local_mme_bounds_disk_cache_and_restarts_triton_when_it_dies(models_dir
         assert len([p for p in server.cache.root.iterdir() if not p.name.startswith(".")]) == 1
         assert metrics(server)["ModelDiskEvictions"] >= 1
 
-        os.kill(server.triton.server.process.pid, signal.SIGKILL)  # the tritonserver this test started
-        server.triton.server.process.wait(timeout=30)
-        assert_embeddings_match(embed(runtime, "tiny-b.tar.gz", FEW), expected)  # restarted, reloaded
-        assert metrics(server)["TritonRestarts"] == 1
+        def kill_tritonserver() -> float:
+            os.kill(server.triton.server.process.pid, signal.SIGKILL)  # the tritonserver this test started
+            server.triton.server.process.wait(timeout=30)
+            return time.monotonic()
 
-        server.manager.max_restarts = 1
-        os.kill(server.triton.server.process.pid, signal.SIGKILL)
-        server.triton.server.process.wait(timeout=30)
-        status, _, message = error_of(lambda: embed(runtime, "tiny-b.tar.gz", FEW))
-        assert status == 503 and "cannot be restarted" in message
+        def wait_ready(since: float) -> float:
+            while time.monotonic() - since < 60 and not server.manager.ready():
+                time.sleep(0.1)
+            return time.monotonic() - since
+
+        timing("restart_after_kill_s", wait_ready(kill_tritonserver()))  # the watchdog restarts it, no call needed
+        assert metrics(server)["TritonRestarts"] == 1
+        killed = kill_tritonserver()  # again at once: the budget is spent for a few seconds
+        answer = raw_invoke(server, "tiny-b.tar.gz", text_body())
+        body = answer.json()
+        assert answer.status_code == 503 and body["ErrorCode"] == "ServiceUnavailable", answer.text
+        assert "restart budget" in body["message"] and 0 < int(answer.headers["Retry-After"]) <= 10
         with pytest.raises(urllib.error.HTTPError) as ping:
             urllib.request.urlopen(f"{server.url}/ping", timeout=10)
         assert ping.value.code == 503
         ping.value.close()
+        timing("restart_budget_recovery_s", wait_ready(killed))  # the budget refills: restarted
+        assert_embeddings_match(embed(runtime, "tiny-b.tar.gz", FEW), expected)  # loaded again on first use
+        assert metrics(server)["TritonRestarts"] == 2
 
 
 def live_stub(server: LocalMME, model_folder: str) -> int:
@@ -272,12 +286,12 @@ def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(mo
         timing("dead_stub_idle_first_call_s", time.monotonic() - started)
         values = metrics(server)
         assert (values["ModelReloads"], values["TritonRestarts"], values["Invocation5XXErrors"]) == (1, 0, 0)
-        assert any("loaded again after its python stub died" in r.getMessage() for r in caplog.records)
+        assert any("loaded again (a python stub died" in r.getMessage() for r in caplog.records)
 
         # 2. the stub dies with two requests held in it (SIGSTOP) and the target does not unload in time (under load
         # Triton 2.51 was seen to never finish that unload; a tiny timeout forces the path): tritonserver is
         # restarted, the calls it cut short are retried, and all three calls are answered
-        server.manager.dead_unload_timeout_s = 0.01
+        server.manager.policy = dataclasses.replace(server.manager.policy, dead_unload_timeout_s=0.01)
         victim = live_stub(server, "bert_tokenizer")
         os.kill(victim, signal.SIGSTOP)
         with ThreadPoolExecutor(2) as pool:
@@ -292,14 +306,12 @@ def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(mo
         assert (values["ModelReloads"], values["TritonRestarts"], values["Invocation5XXErrors"]) == (2, 1, 0)
         assert any("restarting tritonserver" in r.getMessage() for r in caplog.records)
 
-        # 3. killed again, and this time the target cannot be loaded again: 503 with the reason, others served
-        model_py = server.cache.lookup(target, server.source.version(target)) / "bert_tokenizer" / "1" / "model.py"
-        model_py.write_text("raise RuntimeError('broken on purpose')\n")
+        # 3. killed a third time within the crash window: quarantined, answered at once, the others served
         os.kill(live_stub(server, "bert_tokenizer"), signal.SIGKILL)
-        for _ in range(2):  # raw HTTP: boto3 would retry a 503 on its own
+        for _ in range(2):  # raw HTTP: boto3 would retry on its own
             status, _, text = answered()
             message = json.loads(text)["message"]
-            assert status == 503 and "is not healthy" in message and "loading the target again failed" in message
+            assert status == 424 and "quarantined" in message and "is not healthy" in message, message
         assert_embeddings_match(embed(runtime_for(server), "tiny-b.tar.gz", FEW), expected)
     finally:
         pgids = {pgid, server.triton.server.process.pid}  # the first tritonserver and the restarted one

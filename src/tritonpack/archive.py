@@ -224,8 +224,10 @@ def archive_problems(tar_path: Path, limits: ArchiveLimits | None = None) -> lis
         return [Problem(tar_path.name, "archive", f"cannot read: {e.strerror or e}")]
 
 
-def safe_extract(tar_path: Path, dest: Path, limits: ArchiveLimits | None = None, replace: bool = False) -> Path:
-    """Extract `tar_path` to `dest` (which must not exist unless `replace`) after `archive_problems` found nothing.
+def safe_extract(tar_path: Path, dest: Path, limits: ArchiveLimits | None = None, replace: bool = False,
+                 prechecked: bool = False) -> Path:
+    """Extract `tar_path` to `dest` (which must not exist unless `replace`) after `archive_problems` found nothing
+    (`prechecked`: the caller's own `scan` of this file just found nothing, so it is not read a third time).
 
     Raises `ArchiveError` before anything is written when the archive is unsafe, or if it turns out unsafe
     while extracting (the staging folder is then removed). Nothing is ever written outside `dest`'s staging
@@ -233,7 +235,7 @@ def safe_extract(tar_path: Path, dest: Path, limits: ArchiveLimits | None = None
     """
     limits = limits or ArchiveLimits()
     tar_path, dest = Path(tar_path), Path(dest)
-    problems = archive_problems(tar_path, limits)
+    problems = [] if prechecked else archive_problems(tar_path, limits)
     if problems:
         raise ArchiveError(problems)
     if dest.exists() and not replace:

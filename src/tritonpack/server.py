@@ -18,6 +18,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from contextlib import closing, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,7 +176,10 @@ class TritonServer:
     def is_live(self) -> bool:
         return self._get("/v2/health/live") == 200
 
-    def wait_ready(self, timeout_s: float | None = None) -> None:
+    def wait_ready(self, timeout_s: float | None = None, probe: Callable[[], bool] | None = None) -> None:
+        """Wait until `probe` (default: Triton's HTTP readiness) answers True; a server that exits first, or does
+        not get there in time, raises ServerError naming its log (and is stopped)."""
+        probe = probe or self.is_ready
         deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -183,7 +187,7 @@ class TritonServer:
                     f"tritonserver exited with {self.process.returncode} before it was ready; "
                     f"log: {self.log_path}\n{self.log_tail()}"
                 )
-            if self.is_ready():
+            if probe():
                 self.stub_models()
                 return
             time.sleep(0.2)
@@ -218,7 +222,15 @@ class TritonServer:
         return set(self._regions)
 
     def stub_models(self) -> dict[int, str]:
-        """pid → model folder of each python stub seen so far (remembered: a dead stub's cmdline is empty)."""
+        """pid → model folder of each python stub seen so far (remembered: a dead stub's cmdline is empty).
+
+        Also notes the /dev/shm regions tritonserver maps: a stub that died before anyone looked at it is known
+        by its region there (Triton 2.51 leaves it behind when its exit times out)."""
+        with suppress(OSError, AttributeError):  # AttributeError: not started
+            for line in Path(f"/proc/{self.process.pid}/maps").read_text().splitlines():
+                name = line.rsplit("/dev/shm/", 1)[-1] if "/dev/shm/" in line else ""
+                if name.startswith(SHM_PREFIX):
+                    self._regions.add(name.removesuffix(" (deleted)"))
         for pid in self.process_group_pids():
             with suppress(OSError):
                 args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")

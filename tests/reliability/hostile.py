@@ -3,7 +3,7 @@
 Each `HostileCase` carries the raw body and headers plus what tritonserver 2.51 answers to a direct client
 (`direct`): "4xx" where Triton or project code refuses it with a client error, "5xx" where Triton's HTTP
 front-end answers 500 before any project code runs, "2xx" where 2.51 wrongly accepts it. A gateway in front
-of Triton (the local MME) must answer every case with 4xx (see `tritonpack.request_guard`).
+of Triton (the local MME) must answer every case with 4xx (see `tritonpack.mme.request_guard`).
 """
 
 from __future__ import annotations

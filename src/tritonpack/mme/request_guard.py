@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import math
 
-HEADER_LENGTH = "Inference-Header-Content-Length"
+from tritonpack.codec import HEADER_LENGTH
+
+MAX_PAYLOAD_BYTES = 6 * 1024 * 1024  # SageMaker real-time InvokeEndpoint's limit on a request body
 MAX_DIM = 2**31 - 1  # Triton keeps dims as int64 but wraps batch sizes at 2**32
 MAX_ELEMENTS = 2**31 - 1
 
@@ -38,6 +40,8 @@ def infer_request_problem(body: bytes, header_length: str | None = None) -> str 
         request = json.loads(json_part)
     except (UnicodeDecodeError, ValueError) as e:
         return f"request header is not JSON: {e}"
+    except RecursionError:
+        return "request header is JSON nested too deeply"
     if not isinstance(request, dict):
         return f"request must be a JSON object, got {type(request).__name__}"
     inputs = request.get("inputs")

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from tritonpack.errors import TritonpackError
-from tritonpack.server import ServerError, TritonServer, free_port
+from tritonpack.server import TritonServer, free_port
 
 TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
 SHM_DEFAULT_BYTES = 16 * 1024 * 1024
@@ -57,9 +59,27 @@ def sagemaker_args(port: int, dummy_repository: Path, extra: list[str] | tuple[s
     ]
 
 
+class Container(Protocol):
+    """What the model manager needs of the container: `SageMakerTriton`, or a stand-in in property tests."""
+
+    starts: int
+    log_path: Path | None
+
+    def alive(self) -> bool: ...
+    def exit_code(self) -> int | None: ...
+    def ping(self) -> bool: ...
+    def track_stubs(self) -> None: ...
+    def load(self, model_hash: str, target: str, url: Path) -> Reply: ...
+    def unload(self, model_hash: str, target: str, timeout: float | None = None) -> Reply: ...
+    def invoke(self, model_hash: str, target: str, body: bytes, content_type: str | None) -> Reply: ...
+    def restart(self, stop_timeout_s: float = 30.0) -> Container: ...
+    def stop(self, timeout_s: float = 30.0) -> None: ...
+
+
 @dataclass
 class SageMakerTriton:
-    """A tritonserver with only its SageMaker front-end on 127.0.0.1:`port`."""
+    """A tritonserver with only its SageMaker front-end on 127.0.0.1:`port`. Its working folder (the dummy
+    repository, and the log unless `log_path` names another place) is removed by `close`."""
 
     port: int = 0
     log_path: Path | None = None
@@ -83,37 +103,34 @@ class SageMakerTriton:
         )
         self.server.start(wait_ready=False)
         self.starts += 1
-        import time
-
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise ServerError(f"tritonserver exited with {self.exit_code()} at start-up; log: {self.log_path}\n"
-                                  f"{self.server.log_tail()}")
-            if self.ping():
-                return self
-            time.sleep(0.2)
-        self.stop()
-        raise ServerError(f"tritonserver's SageMaker port {self.port} did not answer /ping within {timeout_s:.0f}s; "
-                          f"log: {self.log_path}")
+        self.server.wait_ready(timeout_s, probe=self.ping)
+        return self
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM, up to `timeout_s` for Triton to unload its models and exit, then the process group is killed."""
+        """SIGTERM, up to `timeout_s` for Triton to unload its models and exit, then the process group is killed.
+        A model whose python stub died never finishes unloading in Triton 2.51: then 5 s, not the whole wait."""
         if self.server is not None:
-            self.server.stop(timeout_s)
+            self.server.stop(min(timeout_s, 5.0) if self.alive() and self.server.dead_stubs() else timeout_s)
+
+    def track_stubs(self) -> None:
+        """Note the running stubs and their /dev/shm regions, so that `stop` removes them even if they die."""
+        if self.server is not None:
+            self.server.stub_models()
 
     def restart(self, stop_timeout_s: float = 30.0) -> SageMakerTriton:
         self.stop(stop_timeout_s)
         return self.start()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the server and remove the working folder."""
+        self.stop(timeout_s)
+        shutil.rmtree(self._workdir, ignore_errors=True)
 
     def alive(self) -> bool:
         return self.server is not None and self.server.process is not None and self.server.process.poll() is None
 
     def exit_code(self) -> int | None:
         return None if self.server is None or self.server.process is None else self.server.process.poll()
-
-    def log_tail(self, lines: int = 10) -> str:
-        return self.server.log_tail(lines) if self.server is not None else ""
 
     def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
                 timeout: float | None = None) -> Reply:
@@ -133,19 +150,22 @@ class SageMakerTriton:
         except TritonUnavailable:
             return False
 
+    # The target goes to Triton as UTF-8 bytes, as SageMaker sends TargetModel (http.client would use latin-1).
     def load(self, model_hash: str, target: str, url: Path) -> Reply:
         body = json.dumps({"model_name": model_hash, "url": str(url)}).encode()
-        return self.request("POST", "/models", body, {TARGET_HEADER: target, "Content-Type": "application/json"})
+        return self.request("POST", "/models", body, {TARGET_HEADER: target.encode(),
+                                                       "Content-Type": "application/json"})
 
     def unload(self, model_hash: str, target: str, timeout: float | None = None) -> Reply:
-        return self.request("DELETE", f"/models/{model_hash}", headers={TARGET_HEADER: target}, timeout=timeout)
+        return self.request("DELETE", f"/models/{model_hash}", headers={TARGET_HEADER: target.encode()},
+                            timeout=timeout)
 
     def invoke(self, model_hash: str, target: str, body: bytes, content_type: str | None) -> Reply:
-        headers = {TARGET_HEADER: target, "Content-Type": content_type or "application/json"}
+        headers = {TARGET_HEADER: target.encode(), "Content-Type": content_type or "application/json"}
         return self.request("POST", f"/models/{model_hash}/invoke", body, headers)
 
     def __enter__(self) -> SageMakerTriton:
         return self.start()
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        self.close()

@@ -1,0 +1,83 @@
+"""`tritonpack mme`: the local multi-model endpoint from the command line. SIGTERM or Ctrl-C stops it gracefully:
+no new connections, calls in flight finish (up to --drain-seconds), tritonserver stops, nothing is left behind."""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from tritonpack.errors import UserError
+from tritonpack.mme.request_guard import MAX_PAYLOAD_BYTES
+
+SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """`20G`, `512MiB`, `1000000` → bytes (binary multiples)."""
+    match = SIZE.match(str(text))
+    if not match:
+        raise UserError(f"not a size: {text!r} (examples: 20G, 512M, 1000000)")
+    number, unit = match.groups()
+    return int(float(number) * 1024 ** " kmgt".index(unit.lower() or " "))
+
+
+def cmd_mme(args) -> int:
+    from tritonpack.mme.local import LocalMME
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    if args.max_models < 1:
+        raise UserError("--max-models must be at least 1")
+    try:
+        mme = LocalMME(args.models, port=args.port, host=args.host, max_models=args.max_models,
+                       cache_dir=Path(args.cache_dir) if args.cache_dir else None,
+                       cache_bytes=parse_bytes(args.cache_bytes), s3_endpoint_url=args.s3_endpoint_url,
+                       max_payload_bytes=args.max_payload_bytes, drain_s=args.drain_seconds,
+                       triton_log=Path(args.triton_log) if args.triton_log else None)
+    except (FileNotFoundError, ValueError) as e:
+        raise UserError(str(e)) from None
+    print(f"starting tritonserver (SageMaker front-end, MME mode); log: {mme.triton.log_path}", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        mme.start()
+    except OSError as e:
+        raise UserError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    with mme:
+        print(f"local MME on {mme.url}: models from {mme.source}, at most {args.max_models} loaded, "
+              f"disk cache {mme.cache.root} ({args.cache_bytes})\n"
+              f"  invoke: aws sagemaker-runtime invoke-endpoint --endpoint-url {mme.url} --endpoint-name local "
+              f"--target-model <tarball> ...\n  metrics: {mme.url}/metrics", flush=True)
+        try:
+            while not stop.wait(0.5):
+                pass
+        except KeyboardInterrupt:
+            pass
+        print(f"stopping: draining calls in flight (up to {args.drain_seconds:g} s)", flush=True)
+    return 0
+
+
+def add_command(subparsers) -> None:
+    p = subparsers.add_parser("mme", help="serve MME tarballs locally, as a SageMaker multi-model endpoint would",
+                              description="A local SageMaker multi-model endpoint: InvokeEndpoint on --port in "
+                                          "front of tritonserver's SageMaker front-end. " + (__doc__ or ""))
+    p.add_argument("--models", required=True, help="folder of tarballs, or s3://bucket/prefix")
+    p.add_argument("--port", type=int, default=8080, help="gateway port (default 8080; 0: a free one)")
+    p.add_argument("--host", default="127.0.0.1", help="gateway address (default 127.0.0.1)")
+    p.add_argument("--max-models", type=int, default=8, help="models loaded at once; least recently used are "
+                                                             "unloaded beyond it (default 8)")
+    p.add_argument("--cache-dir", help="where tarballs are extracted (default ~/.cache/tritonpack/mme)")
+    p.add_argument("--cache-bytes", default="20G", help="disk cache bound; extracted folders of unloaded "
+                                                        "models are removed beyond it (default 20G)")
+    p.add_argument("--s3-endpoint-url", help="S3 endpoint for s3:// models (an S3-compatible store, moto)")
+    p.add_argument("--max-payload-bytes", type=int, default=MAX_PAYLOAD_BYTES,
+                   help=f"largest request body (default {MAX_PAYLOAD_BYTES}, SageMaker's limit)")
+    p.add_argument("--drain-seconds", type=float, default=30.0,
+                   help="on SIGTERM/Ctrl-C, how long calls in flight may finish before they are answered 503 "
+                        "(default 30)")
+    p.add_argument("--triton-log", help="keep tritonserver's log in this file (default: a temporary folder, "
+                                        "removed at stop)")
+    p.set_defaults(func=cmd_mme)

@@ -1,0 +1,204 @@
+"""The gateway: SageMaker's InvokeEndpoint, `/ping`, `/metrics` and `/models` in front of the model manager.
+
+It runs on aiohttp's server, which validates HTTP framing itself (a malformed or negative Content-Length, bad
+chunking, oversized headers: 400 before any handler runs) and counts body bytes as they arrive (413 past the limit,
+chunked or not). The gateway adds 411 for a body without a length, 405 with `Allow` for a wrong method, and reads
+headers as UTF-8, as boto3 sends a non-ASCII TargetModel. Invocations run in a thread pool (the manager blocks on
+Triton), probes in another, so `/ping` stays quick under load. `drain` is the graceful half of stopping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+from tritonpack.mme.container import TARGET_HEADER, Reply
+from tritonpack.mme.manager import ModelManager
+from tritonpack.mme.request_guard import MAX_PAYLOAD_BYTES, infer_request_problem
+from tritonpack.mme.sources import TargetError
+
+log = logging.getLogger("tritonpack.mme")
+ENDPOINT_NAME = re.compile(r"[A-Za-z0-9](?:-*[A-Za-z0-9]){0,62}")
+INVOKE_THREADS = 64
+DRAIN_GRACE_S = 1.0
+
+
+def request_problem(body: bytes, content_type: str | None) -> str | None:
+    """Why an invocation body is not a well-formed KServe v2 request (JSON or binary+json); None if it is."""
+    from tritonpack.codec import header_size
+    from tritonpack.errors import PayloadError
+
+    try:
+        size = header_size(content_type)
+    except PayloadError as e:
+        return str(e)
+    return infer_request_problem(body, None if size is None else str(size))
+
+
+def error_response(code: str, message: str, status: int, problems: list | None = None, original: int | None = None,
+                   retry_after: float | None = None) -> web.Response:
+    """A SageMaker-runtime-style error: botocore reads the code from x-amzn-ErrorType and `message` from the body."""
+    data = {"ErrorCode": code, "message": message, "Message": message}
+    if problems:
+        data["problems"] = [str(p) for p in problems]
+        data["message"] = data["Message"] = message + ": " + "; ".join(str(p) for p in problems)
+    if original is not None:
+        data.update(OriginalStatusCode=original, OriginalMessage=message)
+    headers = {"x-amzn-ErrorType": code}
+    if retry_after is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
+    return web.json_response(data, status=status, headers=headers)
+
+
+class OneLineBadRequests(logging.Filter):
+    """aiohttp logs each malformed request it answered 400 with a traceback; the reason on one line is enough."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            record.msg, record.args = f"{record.getMessage()}: {error.message}".replace("\n", " "), ()
+            record.exc_info, record.levelno, record.levelname = None, logging.INFO, "INFO"
+        return True
+
+
+class Gateway:
+    def __init__(self, manager: ModelManager, max_payload_bytes: int = MAX_PAYLOAD_BYTES):
+        self.manager, self.metrics, self.max_payload_bytes = manager, manager.metrics, max_payload_bytes
+        self._invokers = ThreadPoolExecutor(INVOKE_THREADS, thread_name_prefix="mme-invoke")
+        self._probes = ThreadPoolExecutor(4, thread_name_prefix="mme-probe")
+        self.draining = False
+        self._in_flight = 0
+        self._idle, self._deadline = asyncio.Event(), asyncio.Event()
+        self._idle.set()
+        self.app = web.Application(client_max_size=max_payload_bytes, middlewares=[self._sagemaker_errors])
+        self.app.router.add_get("/ping", self.ping)
+        self.app.router.add_get("/metrics", self.metrics_text)
+        self.app.router.add_get("/models", self.models)
+        self.app.router.add_post("/endpoints/{endpoint}/invocations", self.invocations)
+        server_log = logging.getLogger("aiohttp.server")
+        if not any(isinstance(f, OneLineBadRequests) for f in server_log.filters):
+            server_log.addFilter(OneLineBadRequests())
+
+    @web.middleware
+    async def _sagemaker_errors(self, request: web.Request, handler) -> web.StreamResponse:
+        """aiohttp's own 404/405/413 answers, as SageMaker-style error bodies (405 keeps its `Allow`)."""
+        try:
+            return await handler(request)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            if e.status == 413:  # a chunked body past the limit: the rest is not read
+                response = error_response("ValidationError", f"payload above the {self.max_payload_bytes} byte "
+                                                             f"limit", 413)
+                response.force_close()
+                return self._counted(response)
+            code = "UnknownOperationException" if e.status in (404, 405) else "ValidationError"
+            response = error_response(code, f"{e.reason}: {request.method} {request.path}", e.status)
+            if "Allow" in e.headers:
+                response.headers["Allow"] = e.headers["Allow"]
+            return response
+
+    # ---- routes -----------------------------------------------------------------------------------------------
+    async def ping(self, request: web.Request) -> web.Response:
+        ok = not self.draining and await asyncio.get_running_loop().run_in_executor(self._probes, self.manager.ready)
+        if ok:
+            return web.json_response({})
+        return web.json_response({"message": "shutting down" if self.draining else "tritonserver is not live"},
+                                 status=503, headers={"Retry-After": "1"})
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render().encode(), headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def models(self, request: web.Request) -> web.Response:
+        manager, cache = self.manager, self.manager.store.cache
+        return web.json_response({"loaded": manager.loaded_targets(), "quarantined": manager.crashes.quarantined(),
+                                  "cache_bytes": cache.total_bytes, "cached": sorted(cache.entries)})
+
+    async def invocations(self, request: web.Request) -> web.Response:
+        if not ENDPOINT_NAME.fullmatch(request.match_info["endpoint"]):
+            raise web.HTTPNotFound()
+        if self.draining:
+            return self._counted(self._shutting_down())
+        chunked = "chunked" in request.headers.get("Transfer-Encoding", "").lower()
+        if request.content_length is None and not chunked:
+            return self._counted(error_response("ValidationError", "an invocation needs a body with Content-Length "
+                                                                   "(or chunked transfer encoding)", 411))
+        if (request.content_length or 0) > self.max_payload_bytes:
+            response = error_response("ValidationError", f"payload of {request.content_length} bytes is above the "
+                                                         f"{self.max_payload_bytes} byte limit", 413)
+            response.force_close()  # the body is not read
+            return self._counted(response)
+        body = await request.read()  # aiohttp stops a chunked body past client_max_size: 413
+        target, content_type = request.headers.get(TARGET_HEADER), request.headers.get("Content-Type")
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            return self._counted(await self._answer(target, body, content_type))
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    async def _answer(self, target: str | None, body: bytes, content_type: str | None) -> web.Response:
+        work = asyncio.wrap_future(self._invokers.submit(self._invoke, target, body, content_type))
+        deadline = asyncio.ensure_future(self._deadline.wait())
+        await asyncio.wait({work, deadline}, return_when=asyncio.FIRST_COMPLETED)
+        deadline.cancel()
+        if not work.done():  # the drain deadline passed: the call's late result is dropped
+            work.add_done_callback(lambda done: done.exception())
+            return self._shutting_down()
+        try:
+            reply = work.result()
+        except TargetError as e:
+            return error_response(e.code, e.message, e.status, e.problems, retry_after=e.retry_after)
+        except Exception as e:  # noqa: BLE001 - the gateway must keep serving; the reason goes to the caller
+            log.exception("invocation of %s failed", target)
+            return error_response("InternalFailure", f"{type(e).__name__}: {e}", 500)
+        if reply.status != 200:
+            return error_response("ModelError", f"{target}: {reply.message}", reply.status, original=reply.status)
+        return web.Response(body=reply.body, headers={"Content-Type": reply.content_type,
+                                                      "x-Amzn-Invoked-Production-Variant": "AllTraffic"})
+
+    def _invoke(self, target: str | None, body: bytes, content_type: str | None) -> Reply:
+        problem = request_problem(body, content_type)  # bodies tritonserver 2.51 would answer 500 or wrongly accept
+        if problem:
+            raise TargetError(400, problem)
+        return self.manager.invoke(target, body, content_type)
+
+    def _shutting_down(self) -> web.Response:
+        response = error_response("ServiceUnavailable", "the local MME is shutting down; try again", 503,
+                                  retry_after=5)
+        response.force_close()
+        return response
+
+    def _counted(self, response: web.Response) -> web.Response:
+        self.metrics.inc("Invocations")
+        if response.status >= 400:
+            self.metrics.inc("Invocation4XXErrors" if response.status < 500 else "Invocation5XXErrors")
+        return response
+
+    # ---- stopping ---------------------------------------------------------------------------------------------
+    async def drain(self, runner: web.AppRunner, timeout_s: float) -> None:
+        """Stop accepting connections, answer new requests on open ones 503 with Retry-After (and close them), let
+        calls in flight finish for up to `timeout_s` and answer the rest 503 too; then close every connection.
+        Open connections get at least `DRAIN_GRACE_S`, so that a keep-alive client sending its next request gets the
+        503 instead of a reset."""
+        for site in list(runner.sites):
+            await site.stop()
+        self.draining = True
+        grace = asyncio.ensure_future(asyncio.sleep(min(DRAIN_GRACE_S, timeout_s)))
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("%d calls still running after %g s of draining: answered 503", self._in_flight, timeout_s)
+        self._deadline.set()
+        await grace
+        await runner.cleanup()
+        self._invokers.shutdown(wait=False, cancel_futures=True)
+        self._probes.shutdown(wait=False, cancel_futures=True)

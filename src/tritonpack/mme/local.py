@@ -1,0 +1,109 @@
+"""`tritonpack mme` as an object: Triton's SageMaker front-end, the model manager and the gateway on `host:port`,
+usable as a context manager (tests, scripts) or from the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from tritonpack.mme.container import SageMakerTriton
+from tritonpack.mme.gateway import Gateway
+from tritonpack.mme.health import FaultPolicy
+from tritonpack.mme.manager import ModelManager
+from tritonpack.mme.metrics import Metrics
+from tritonpack.mme.request_guard import MAX_PAYLOAD_BYTES
+from tritonpack.mme.sources import open_source
+from tritonpack.mme.store import DiskCache, TargetStore
+
+LISTEN_BACKLOG = 1024
+LINGER_S = 2.0  # how long an unread request body (past the limit) is read and dropped before the connection closes
+
+
+@dataclass
+class LocalMME:
+    models: str
+    port: int = 8080
+    host: str = "127.0.0.1"
+    max_models: int = 8
+    cache_dir: Path | None = None
+    cache_bytes: int = 20 << 30
+    s3_endpoint_url: str | None = None
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES
+    triton_log: Path | None = None  # kept after stop; by default the log goes with the working folder
+    policy: FaultPolicy | None = None
+    drain_s: float = 30.0  # how long stop() lets calls in flight finish
+
+    def __post_init__(self) -> None:
+        from tritonpack.server import PYTHON_VERSION
+
+        self.source = open_source(self.models, self.s3_endpoint_url)
+        cache_dir = self.cache_dir or Path.home() / ".cache" / "tritonpack" / "mme"
+        self.cache = DiskCache(Path(cache_dir), self.cache_bytes)
+        self.triton = SageMakerTriton(log_path=self.triton_log)
+        metrics = Metrics()
+        store = TargetStore(self.source, self.cache, metrics, python=PYTHON_VERSION)
+        self.manager = ModelManager(store, self.triton, self.max_models, metrics, self.policy)
+        self.gateway = Gateway(self.manager, self.max_payload_bytes)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self._bound_port: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self._bound_port or self.port}"
+
+    def start(self) -> LocalMME:
+        try:
+            self.triton.start()
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="mme-gateway", daemon=True)
+            self._thread.start()
+            self._bound_port = self._run(self._listen())
+        except BaseException:  # a port in use, a server that would not start: nothing is left running
+            if self._runner is not None:
+                self._run(self._runner.cleanup())
+                self._runner = None
+            self._stop_loop()
+            self.triton.close()
+            raise
+        self.manager.start()
+        return self
+
+    async def _listen(self) -> int:
+        self._runner = web.AppRunner(self.gateway.app, access_log=None, shutdown_timeout=5.0,
+                                     lingering_time=LINGER_S)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=LISTEN_BACKLOG)
+        await site.start()
+        return self._runner.addresses[0][1]
+
+    def stop(self) -> None:
+        """Drain the gateway (`drain_s`), stop tritonserver (stubs reaped, /dev/shm regions removed) and remove the
+        working folder."""
+        if self._runner is not None:
+            self._run(self.gateway.drain(self._runner, self.drain_s))
+            self._runner = None
+        self._stop_loop()
+        self.manager.shutdown()
+        self.triton.close()
+
+    def _run(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        if self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._thread = None
+            self._loop.close()
+
+    def __enter__(self) -> LocalMME:
+        return self if self._thread is not None else self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,215 @@
+"""Loads targets into Triton on first use, keeps at most `max_models` there, and contains the targets that crash.
+
+A first call takes a free model slot (`slots.SlotTable`), or the slot of the least recently used idle target once
+that target has been unloaded, or waits. A tarball is fetched and checked before any slot is touched, and a load
+Triton refuses gives the evicted target its slot back: a failed load leaves the loaded set as it was. A target whose
+python stub dies is unloaded and loaded again (tritonserver is restarted only when that unload does not finish); one
+that keeps crashing its stub or the server is quarantined (`health.FaultPolicy`). A failed attempt is tried again
+when its `RetryReason` says another may succeed, once per reason: that loop is in `invoke`, nowhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+
+from tritonpack.mme.container import Container, Reply
+from tritonpack.mme.health import CrashLedger, FaultPolicy
+from tritonpack.mme.metrics import Metrics
+from tritonpack.mme.recovery import Recovery, Retry, RetryReason
+from tritonpack.mme.slots import Phase, Slot, SlotTable
+from tritonpack.mme.sources import TargetError, target_hash, validate_target
+from tritonpack.mme.store import TargetStore
+
+log = logging.getLogger("tritonpack.mme")
+INSUFFICIENT_STORAGE = 507
+# Triton 2.51 keeps a model whose python stub died registered and ready; every request through it then fails with
+# this (500 on Triton's HTTP front-end, 400 on its SageMaker front-end), within about a second.
+STUB_UNHEALTHY = re.compile(r"Stub process '[^']*' is not healthy")
+
+
+class ModelManager:
+    def __init__(self, store: TargetStore, container: Container, max_models: int, metrics: Metrics | None = None,
+                 policy: FaultPolicy | None = None):
+        self.store, self.container, self.max_models = store, container, max_models
+        self.metrics = metrics or Metrics()
+        self.policy = policy or FaultPolicy()
+        self.slots = SlotTable(max_models, self.metrics)
+        self.crashes = CrashLedger(self.policy, self.metrics)
+        self.recovery = Recovery(self, container, self.policy, self.metrics)
+
+    def invoke(self, target: str, body: bytes, content_type: str | None) -> Reply:
+        """Triton's answer for `body` sent to `target`; raises TargetError when the target cannot be served."""
+        target = validate_target(target)
+        tried: set[RetryReason] = set()
+        while True:
+            try:
+                return self._attempt(target, body, content_type)
+            except Retry as retry:
+                if retry.reason in tried:
+                    return retry.give_up()
+                tried.add(retry.reason)
+                self.metrics.inc("InvocationRetries")
+                log.info("%s: trying again: %s", target, retry.reason.value)
+
+    def _attempt(self, target: str, body: bytes, content_type: str | None) -> Reply:
+        slot, reply = self._acquire(target), None
+        try:
+            reply = self.recovery.call(lambda: self.container.invoke(target_hash(target), target, body,
+                                                                     content_type))
+        finally:
+            self.slots.release(slot, served=reply is not None and reply.status == 200)
+        if reply.status == 200:
+            return reply
+        if reply.status == 404 and not reply.body:
+            self.slots.mark_broken(slot, "Triton no longer knows the target")
+            raise Retry(RetryReason.TARGET_GONE, TargetError(503, f"Triton lost {target!r} twice during the call"))
+        if STUB_UNHEALTHY.search(reply.message):
+            raise self._stub_died(slot, reply.message)
+        if reply.status == INSUFFICIENT_STORAGE and self._evict_idle(keep=target):
+            raise Retry(RetryReason.OUT_OF_MEMORY, reply)
+        return reply
+
+    def _acquire(self, target: str) -> Slot:
+        """`target`'s loaded slot, marked in use; loads it first (making room) when it is not loaded."""
+        self.crashes.refuse_if_quarantined(target)
+        self.recovery.ensure_running()
+        slot = self.slots.use_loaded(target)
+        if slot is not None:
+            self.metrics.inc("ModelCacheHit")
+            return slot
+        started = time.monotonic()
+        prepared = self.store.prepare(target)  # a bad tarball is refused before Triton's loaded set is touched
+        self.metrics.inc("ModelCacheMiss")
+        reloaded = None  # why the target is loaded again, when its last load broke
+        while True:
+            new, old = self.slots.claim(prepared, started + self.policy.slot_wait_s, lambda: self.recovery.stopping)
+            if new.phase is Phase.LOADED:
+                break
+            if old is not None:
+                reloaded = old.broken if old.target == target else reloaded
+                self._unload(old)
+                if not self.slots.hand_over(old, new):
+                    continue  # a restart emptied the table meanwhile: claim afresh
+            try:
+                if self._load(new, use=True):
+                    break
+            except TargetError as e:
+                if old is not None and old.target != target and e.status < 500:  # Triton refused the target
+                    self._restore(old)
+                raise
+        if reloaded:
+            self.metrics.inc("ModelReloads")
+            log.warning("%s: loaded again (%s)", target, reloaded)
+        self.metrics.observe("ModelLoadingWaitTime", time.monotonic() - started)
+        return new
+
+    def _load(self, slot: Slot, use: bool) -> bool:
+        """Load `slot`'s target. True when it is loaded (in use if `use`); False when a restart emptied the table
+        meanwhile. When Triton refuses it, the slot is given up and TargetError raised."""
+        target, url = slot.target, slot.prepared.model_dir
+
+        def load() -> Reply:
+            return self.recovery.call(lambda: self.container.load(target_hash(target), target, url))
+
+        started = time.monotonic()
+        try:
+            reply = load()
+            if reply.status == 409:  # registered already (a load that outlived our bookkeeping): start clean
+                self.recovery.call(lambda: self.container.unload(target_hash(target), target))
+                reply = load()
+            while reply.status == INSUFFICIENT_STORAGE and self._evict_idle(keep=target):
+                reply = load()
+        except BaseException:
+            self.slots.drop(slot)
+            raise
+        if reply.status != 200:
+            self.slots.drop(slot)
+            self.metrics.inc("ModelLoadFailures")
+            error = TargetError(reply.status if 400 <= reply.status < 600 else 502,
+                                f"Triton could not load {target!r}: {reply.message}")
+            if reply.status == 400:  # the model's own fault: the same answer until the tarball changes
+                self.store.refuse(slot.prepared, error)
+            raise error
+        self.metrics.observe("ModelLoadingTime", time.monotonic() - started)
+        in_table = self.slots.loaded(slot, use)
+        if in_table is None:
+            return False
+        evicted = self.store.cache.evict(in_table)
+        if evicted:
+            self.metrics.inc("ModelDiskEvictions", len(evicted))
+            log.info("disk cache over %d bytes: removed %s", self.store.cache.max_bytes, ", ".join(evicted))
+        return True
+
+    def _restore(self, evicted: Slot) -> None:
+        """Load `evicted` again after the load that was to take its slot failed."""
+        try:
+            slot = self.slots.reserve(self.store.prepare(evicted.target))
+            if slot is not None:
+                self._load(slot, use=False)
+        except (TargetError, Retry) as e:
+            log.warning("%s: could not be loaded again after a failed load took its slot: %s", evicted.target, e)
+
+    def _unload(self, slot: Slot) -> None:
+        """Unload `slot` (phase UNLOADING), which no call is using. Triton 2.51's SageMaker front-end holds one of
+        its HTTP threads for the whole unload, and a reply due on that thread waits for it: an unload that waits for
+        a request in flight never finishes. So a target is unloaded only once none of its calls is in Triton, and one
+        that still does not unload in time (its stub died) gets tritonserver restarted, which empties the table."""
+        timeout = self.policy.dead_unload_timeout_s if slot.broken else None
+        generation, started = self.container.starts, time.monotonic()
+        try:
+            reply = self.recovery.call(lambda: self.container.unload(target_hash(slot.target), slot.target,
+                                                                     timeout=timeout))
+        except (TargetError, Retry) as e:
+            if not isinstance(e, TargetError) or e.status != 502:
+                return  # tritonserver died or was restarted meanwhile, and the table with it
+            try:
+                self.recovery.restart(f"{slot.target!r} did not unload ({e.message})", generation)
+            except TargetError:
+                self.slots.keep_unloading(slot)
+                raise
+            return
+        self.metrics.observe("ModelUnloadingTime", time.monotonic() - started)
+        if reply.status not in (200, 404):
+            log.warning("unloading %s: HTTP %d %s", slot.target, reply.status, reply.message)
+        log.info("unloaded %s%s", slot.target, f" ({slot.broken})" if slot.broken else "")
+
+    def _evict_idle(self, keep: str) -> bool:
+        """Unload the least recently used idle target other than `keep` (Triton ran out of memory)."""
+        victim = self.slots.start_unloading(keep=keep)
+        if victim is None:
+            return False
+        self._unload(victim)
+        self.slots.drop(victim)
+        return True
+
+    def _stub_died(self, slot: Slot, message: str) -> Exception:
+        """A python stub of `slot`'s target died: one crash per load, however many calls were in it."""
+        target = slot.target
+        quarantined = self.slots.mark_broken(slot, f"a python stub died: {message}") \
+            and self.crashes.record(target, message)
+        if quarantined and self.slots.start_unloading(slot=slot, wait_s=self.policy.dead_unload_timeout_s):
+            self._unload(slot)  # its slot is free for others at once, not when it is evicted
+            self.slots.drop(slot)
+        try:
+            self.crashes.refuse_if_quarantined(target)
+        except TargetError as e:
+            return e
+        return Retry(RetryReason.STUB_DIED, TargetError(
+            424, f"{target}: a python stub died during the call, and again after the target was loaded again "
+                 f"({message}); log: {self.container.log_path}", code="ModelError"))
+
+    def loaded_targets(self) -> list[str]:
+        return self.slots.loaded_targets()
+
+    def ready(self) -> bool:
+        """For /ping: tritonserver is up and answering, and the gateway is not shutting down."""
+        return not self.recovery.stopping and self.container.alive() and self.container.ping()
+
+    def start(self) -> ModelManager:
+        self.recovery.start()
+        return self
+
+    def shutdown(self) -> None:
+        self.recovery.shutdown()

@@ -1,0 +1,224 @@
+"""The disk cache a local MME extracts targets into, and the admission of a tarball into it.
+
+The cache mirrors the SageMaker Triton container's layout: each target is extracted to `<cache>/<hash>/model`,
+the only url shape Triton 2.73's SageMaker front-end accepts, with `<hash>` derived from the target name.
+A tarball is checked where it lies before anything is written: a local one is never copied (a huge or sparse
+file costs what the check reads of it), an S3 one is downloaded once into a staging folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonpack.mme.metrics import Metrics
+from tritonpack.mme.sources import TargetError, target_hash
+
+log = logging.getLogger("tritonpack.mme")
+
+
+@dataclass
+class CacheEntry:
+    target: str
+    version: str
+    bytes: int
+    last_used: float
+
+    @property
+    def hash(self) -> str:
+        return target_hash(self.target)
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file() and not p.is_symlink())
+
+
+class DiskCache:
+    """Extracted targets under `root/<hash>/model`, bounded to `max_bytes` by evicting least recently used ones.
+
+    Only entries the caller says are not in use (not loaded in Triton) are evicted. Entries left by an earlier
+    run are found again at start-up (`<hash>/source.json` names their target and version).
+    """
+
+    def __init__(self, root: Path, max_bytes: int):
+        self.root = Path(root).resolve()
+        self.max_bytes = max_bytes
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self.entries: dict[str, CacheEntry] = {}
+        for meta in self.root.glob("*/source.json"):
+            try:
+                data = json.loads(meta.read_text())
+                entry = CacheEntry(data["target"], data["version"], int(data["bytes"]), meta.stat().st_mtime)
+            except (OSError, ValueError, KeyError):
+                shutil.rmtree(meta.parent, ignore_errors=True)
+                continue
+            if entry.hash == meta.parent.name and (meta.parent / "model").is_dir():
+                self.entries[entry.target] = entry
+
+    def model_dir(self, target: str) -> Path:
+        return self.root / target_hash(target) / "model"
+
+    @property
+    def total_bytes(self) -> int:
+        with self._lock:
+            return sum(e.bytes for e in self.entries.values())
+
+    def lookup(self, target: str, version: str) -> Path | None:
+        """The extracted folder of `target` at `version`, if the cache has it."""
+        with self._lock:
+            entry = self.entries.get(target)
+            if entry is None or entry.version != version or not self.model_dir(target).is_dir():
+                return None
+            entry.last_used = time.time()
+            return self.model_dir(target)
+
+    def staging_dir(self, target: str) -> Path:
+        """A fresh folder beside the entries for a download (the caller removes it)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".download-{target_hash(target)[:8]}-", dir=self.root))
+
+    def add(self, target: str, version: str, tarball: Path, limits=None) -> Path:
+        """Extract `tarball`, which the caller has just scanned, to `<hash>/model` and record it; raises
+        ArchiveError if it turns out unsafe while extracting (it changed since the scan)."""
+        from tritonpack.archive import safe_extract
+
+        entry_dir = self.root / target_hash(target)
+        with self._lock:
+            self.entries.pop(target, None)
+        (entry_dir / "source.json").unlink(missing_ok=True)
+        model_dir = safe_extract(tarball, entry_dir / "model", limits, replace=True, prechecked=True)
+        size = folder_bytes(model_dir)
+        (entry_dir / "source.json").write_text(json.dumps({"target": target, "version": version, "bytes": size}))
+        with self._lock:
+            self.entries[target] = CacheEntry(target, version, size, time.time())
+        return model_dir
+
+    def remove(self, target: str) -> None:
+        with self._lock:
+            self.entries.pop(target, None)
+        shutil.rmtree(self.root / target_hash(target), ignore_errors=True)
+
+    def evict(self, in_use: set[str]) -> list[str]:
+        """Remove least recently used entries not `in_use` until the cache fits `max_bytes`; the targets removed."""
+        evicted = []
+        with self._lock:
+            total = sum(e.bytes for e in self.entries.values())
+            for entry in sorted(self.entries.values(), key=lambda e: e.last_used):
+                if total <= self.max_bytes:
+                    break
+                if entry.target in in_use:
+                    continue
+                total -= entry.bytes
+                evicted.append(entry.target)
+                del self.entries[entry.target]
+        for target in evicted:
+            shutil.rmtree(self.root / target_hash(target), ignore_errors=True)
+        return evicted
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A target's tarball at one version, extracted and ready for Triton to load."""
+
+    target: str
+    version: str
+    model_dir: Path
+
+
+def serve_without_foreign_environments(model_dir: Path, python: str | None) -> list[str]:
+    """The local stub runs one Python: a model whose packed environment is for another (the default tarball's is
+    for the SageMaker container's) runs with this interpreter's packages instead — `check` has verified the
+    environment's Python and contents against the tarball's own target. Edits the extracted copy only; says what
+    it did, one line per model."""
+    from tritonpack.archive import ArchiveLimits
+    from tritonpack.backends import ENV_PARAMETER, MODEL_DIR_VAR
+    from tritonpack.check.tree import inspect_env
+    from tritonpack.spec import parse_config, render_config
+
+    said, pythons = [], {}
+    for config_path in sorted(model_dir.glob("*/config.pbtxt")):
+        config = parse_config(config_path.read_text())
+        if ENV_PARAMETER not in config.parameters or python is None:
+            continue
+        env = (config_path.parent / config.parameters[ENV_PARAMETER].string_value.replace(
+            MODEL_DIR_VAR, ".", 1)).resolve()
+        if env not in pythons:
+            with open(env, "rb") as f:
+                pythons[env] = inspect_env(f, env.name, ArchiveLimits()).python
+        if pythons[env] != python:
+            del config.parameters[ENV_PARAMETER]
+            config_path.write_text(render_config(config))
+            said.append(f"{config.name}: its packed environment is for Python {pythons[env]}, the local stub runs "
+                        f"{python}: served with this interpreter's packages instead")
+    return said
+
+
+class TargetStore:
+    """Makes each target's extracted folder once per tarball version. A tarball `tritonpack check` refuses, or one
+    Triton would not load, gets the same answer until it changes (its size, mtime or ETag)."""
+
+    def __init__(self, source, cache: DiskCache, metrics: Metrics | None = None, python: str | None = None,
+                 limits=None):
+        self.source, self.cache, self.limits = source, cache, limits
+        self.metrics = metrics or Metrics()
+        self.python = python  # the local stub's Python: a packed env for another Python cannot run here
+        self._lock = threading.Lock()
+        self._target_locks: dict[str, threading.Lock] = {}
+        self._refused: dict[str, tuple[str, TargetError]] = {}
+
+    def prepare(self, target: str) -> Prepared:
+        version = self.source.version(target)
+        if version is None:
+            raise TargetError(404, f"target model {target!r} not found at {self.source.location(target)}")
+        with self._lock:
+            target_lock = self._target_locks.setdefault(target, threading.Lock())
+        with target_lock:  # concurrent first calls: one admits, the others find it in the cache
+            refused = self._refused.get(target)
+            if refused is not None and refused[0] == version:
+                raise refused[1]
+            model_dir = self.cache.lookup(target, version) or self._admit(target, version)
+        return Prepared(target, version, model_dir)
+
+    def refuse(self, prepared: Prepared, error: TargetError) -> None:
+        """Triton would not load `prepared`: answer `error` for it until the tarball changes."""
+        self._refused[prepared.target] = (prepared.version, error)
+        self.cache.remove(prepared.target)
+
+    def _admit(self, target: str, version: str) -> Path:
+        from tritonpack.check import check
+        from tritonpack.errors import ArchiveError
+        from tritonpack.server import local_python_has
+
+        staging = self.cache.staging_dir(target)
+        try:
+            started = time.monotonic()
+            try:
+                tarball = self.source.fetch(target, staging)
+            except Exception as e:  # noqa: BLE001 - any fetch failure is the source's answer for this target
+                raise TargetError(502, f"could not fetch {self.source.location(target)}: {e}") from e
+            self.metrics.observe("ModelDownloadingTime", time.monotonic() - started)
+            # Judged for the container the tarball was built for (its manifest), by a server whose Python is this
+            # interpreter's: python models may use its packages where the tarball carries no environment.
+            report = check(tarball, self.limits, server_has=local_python_has)
+            problems = report.problems
+            if problems:
+                self._refused[target] = (version, error := TargetError(400, f"{target} is not deployable",
+                                                                       [str(p) for p in problems]))
+                raise error
+            try:
+                model_dir = self.cache.add(target, version, tarball, self.limits)
+            except ArchiveError as e:  # changed between the check and the extraction
+                raise TargetError(400, f"{target} is not deployable: unsafe archive, nothing extracted",
+                                  [str(p) for p in e.problems]) from e
+            for skipped in serve_without_foreign_environments(model_dir, self.python):
+                log.warning("%s: %s", target, skipped)
+            return model_dir
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,263 @@
+"""The model manager's invariants under hypothesis-generated interleavings, and its failure bookkeeping.
+
+Why a stand-in for Triton here: these properties need hundreds of interleavings of first calls, invocations,
+failing loads, crashing stubs, evictions and server deaths, each with its own timing; the real tritonserver takes
+1-2 s per load, so a few examples would take minutes. `FakeTriton` speaks the SageMaker front-end's contract as the
+manager sees it (load/unload/invoke answers and the error texts Triton 2.51 gives, measured in
+tests/test_mme_faults.py) and checks Triton's side of the invariant on every call. Every behaviour shown here is
+also shown against the real tritonserver in tests/test_mme_faults.py.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tritonpack.mme.container import Reply, TritonUnavailable
+from tritonpack.mme.health import CrashLedger, FaultPolicy, RestartBudget
+from tritonpack.mme.manager import ModelManager
+from tritonpack.mme.metrics import Metrics
+from tritonpack.mme.sources import TargetError
+from tritonpack.mme.store import Prepared
+
+GOOD = ("m0", "m1", "m2", "m3")
+STUB_KILLER, LOAD_REFUSED, BAD_TARBALL, SERVER_DEATH = "crash", "import-error", "bad-tarball", "<server dies>"
+UNHEALTHY = b'{"error": "in ensemble \'crash\', Stub process \'crash_step_0_0\' is not healthy."}'
+EXAMPLES = 60
+
+
+class FakeTriton:
+    """The SageMaker front-end of one tritonserver after another (a restart starts a new one), in memory.
+
+    A target holds Triton memory from the start of its load to the end of its unload; `violations` records every
+    moment more than `max_models` did. Calls pause a random 0-2 ms at their start and middle, so that threads
+    interleave differently in every example; a call that outlives its server raises TritonUnavailable."""
+
+    def __init__(self, max_models: int, seed: int):
+        self.max_models, self.random, self.lock = max_models, random.Random(seed), threading.Lock()
+        self.starts, self.running = 1, True
+        self.resident: set[str] = set()
+        self.loaded: set[str] = set()
+        self.dead_stubs: set[str] = set()
+        self.violations: list[set[str]] = []
+        self.log_path = None
+
+    def _pause(self, generation: int) -> None:
+        with self.lock:
+            delay = self.random.random() * 0.002
+        time.sleep(delay)
+        if not self.running or self.starts != generation:
+            raise TritonUnavailable("connection refused")
+
+    def load(self, model_hash: str, target: str, url: Path) -> Reply:
+        generation = self.starts
+        self._pause(generation)
+        with self.lock:
+            if target in self.resident:
+                return Reply(409, b'{"error": "already exists"}')
+            self.resident.add(target)
+            if len(self.resident) > self.max_models:
+                self.violations.append(set(self.resident))
+        self._pause(generation)
+        with self.lock:
+            if target == LOAD_REFUSED:
+                self.resident.discard(target)
+                return Reply(400, b'{"error": "load failed: RuntimeError: broken at import"}')
+            self.loaded.add(target)
+        return Reply(200)
+
+    def unload(self, model_hash: str, target: str, timeout: float | None = None) -> Reply:
+        generation = self.starts
+        self._pause(generation)
+        with self.lock:
+            if target not in self.loaded:
+                return Reply(404)
+            self.loaded.discard(target)
+            self.dead_stubs.discard(target)
+        self._pause(generation)
+        with self.lock:
+            self.resident.discard(target)
+        return Reply(200)
+
+    def invoke(self, model_hash: str, target: str, body: bytes, content_type: str | None) -> Reply:
+        generation = self.starts
+        self._pause(generation)
+        with self.lock:
+            if target not in self.loaded:
+                return Reply(404)
+            if target == STUB_KILLER:
+                self.dead_stubs.add(target)
+            if target in self.dead_stubs:
+                return Reply(400, UNHEALTHY)
+        return Reply(200, json.dumps({"model_name": target}).encode())
+
+    def die(self) -> None:
+        with self.lock:
+            self.running = False
+
+    def restart(self, stop_timeout_s: float = 30.0) -> FakeTriton:
+        with self.lock:
+            self.starts += 1
+            self.running = True
+            self.resident, self.loaded, self.dead_stubs = set(), set(), set()
+        return self
+
+    def alive(self) -> bool:
+        return self.running
+
+    def exit_code(self) -> int | None:
+        return None if self.running else -9
+
+    def ping(self) -> bool:
+        return self.running
+
+    def track_stubs(self) -> None:
+        pass
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.running = False
+
+
+class FakeCache:
+    max_bytes = 1 << 30
+
+    def evict(self, in_use: set[str]) -> list[str]:
+        return []
+
+
+class FakeStore:
+    """Tarballs that all pass `tritonpack check`, except BAD_TARBALL; `refuse` answers as TargetStore does."""
+
+    def __init__(self):
+        self.cache, self.refused = FakeCache(), {}
+
+    def prepare(self, target: str) -> Prepared:
+        if target == BAD_TARBALL:
+            raise TargetError(400, f"{target} is not deployable")
+        if target in self.refused:
+            raise self.refused[target]
+        return Prepared(target, "v1", Path("/models") / target)
+
+    def refuse(self, prepared: Prepared, error: TargetError) -> None:
+        self.refused[prepared.target] = error
+
+
+def manager_for(triton: FakeTriton, max_models: int) -> ModelManager:
+    policy = FaultPolicy(crashes_to_quarantine=3, slot_wait_s=30.0, restarts=10, restart_refill_s=1.0)
+    return ModelManager(FakeStore(), triton, max_models, Metrics(), policy)
+
+
+def outcome(manager: ModelManager, triton: FakeTriton, target: str) -> tuple[str, int, str]:
+    if target == SERVER_DEATH:
+        triton.die()
+        return target, 0, ""
+    try:
+        reply = manager.invoke(target, b"{}", "application/json")
+        return target, reply.status, reply.body.decode()
+    except TargetError as e:
+        return target, e.status, e.message
+
+
+calls = st.lists(st.sampled_from(GOOD + (STUB_KILLER, LOAD_REFUSED, BAD_TARBALL)), min_size=1, max_size=24)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(max_models=st.integers(1, 3), threads=st.integers(1, 8), calls=calls, seed=st.integers(0, 2**32),
+       deaths=st.lists(st.integers(0, 23), max_size=2, unique=True))
+def test_model_manager_keeps_loaded_within_max_models_when_calls_interleave(max_models, threads, calls, seed, deaths):
+    for position in sorted(deaths, reverse=True):
+        calls.insert(min(position, len(calls)), SERVER_DEATH)
+    triton = FakeTriton(max_models, seed)
+    manager = manager_for(triton, max_models).start()
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            results = list(pool.map(lambda target: outcome(manager, triton, target), calls))
+        slots, running, loaded = manager.slots.snapshot(), triton.running, set(triton.loaded)
+    finally:
+        manager.shutdown()
+    assert triton.violations == [], f"more than {max_models} targets in Triton at once: {triton.violations[:3]}"
+    died = SERVER_DEATH in calls
+    for target, status, text in results:
+        if target in GOOD:  # answered by the right model; a call in the server as it died may get 503 instead
+            assert (status == 200 and json.loads(text)["model_name"] == target) or (died and status == 503), \
+                (target, status, text)
+        elif target == STUB_KILLER:
+            assert status == 424 or (died and status == 503), (target, status, text)
+        elif target in (LOAD_REFUSED, BAD_TARBALL):
+            assert status == 400 or (died and status == 503), (target, status, text)
+    # nothing is left half done, and the manager and Triton agree on what is loaded
+    assert len(slots) <= max_models and all(s.active == 0 and s.handover is None for s in slots), slots
+    if running:
+        assert {s.target for s in slots if not s.broken} <= loaded <= {s.target for s in slots}, (slots, loaded)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(max_models=st.integers(1, 3), seed=st.integers(0, 2**32),
+       calls=st.lists(st.sampled_from(GOOD + (LOAD_REFUSED, BAD_TARBALL)), min_size=1, max_size=16))
+def test_model_manager_leaves_loaded_set_as_it_was_when_a_load_fails(max_models, seed, calls):
+    triton = FakeTriton(max_models, seed)
+    manager = manager_for(triton, max_models)
+    for target in calls:
+        before = set(manager.loaded_targets())
+        target, status, _ = outcome(manager, triton, target)
+        if target in GOOD:
+            assert status == 200 and target in manager.loaded_targets()
+        else:
+            assert status == 400 and set(manager.loaded_targets()) == before == triton.loaded
+    assert triton.violations == []
+
+
+def test_model_manager_reloads_then_quarantines_when_a_target_kills_its_stub_on_every_call():
+    triton = FakeTriton(2, seed=0)
+    manager = manager_for(triton, 2)
+    assert outcome(manager, triton, "m0")[1] == 200
+    first = outcome(manager, triton, STUB_KILLER)  # crash, reload, crash again: 2 crashes, one answer
+    assert first[1] == 424 and "a python stub died during the call" in first[2]
+    assert manager.metrics.snapshot()["ModelReloads"] == 1 and manager.crashes.quarantined() == []
+    second = outcome(manager, triton, STUB_KILLER)  # the third crash quarantines it
+    assert second[1] == 424 and "quarantined" in second[2] and "is not healthy" in second[2]
+    assert STUB_KILLER not in triton.loaded and manager.crashes.quarantined() == [STUB_KILLER]
+    with pytest.raises(TargetError) as refused:
+        manager.invoke(STUB_KILLER, b"{}", None)
+    assert refused.value.status == 424 and refused.value.code == "ModelError" and refused.value.retry_after > 0
+    assert outcome(manager, triton, "m0")[1] == 200 and triton.starts == 1  # no restart for anyone
+
+
+def test_restart_budget_refuses_then_recovers_when_restarts_come_in_a_burst():
+    now = [0.0]
+    budget = RestartBudget(capacity=2, refill_s=10.0, clock=lambda: now[0])
+    assert budget.take() and budget.take() and not budget.take()
+    assert budget.wait_s() == pytest.approx(10.0)
+    now[0] = 4.0
+    assert not budget.take() and budget.wait_s() == pytest.approx(6.0)
+    now[0] = 10.0
+    assert budget.take() and not budget.take()
+    now[0] = 100.0  # refills up to its capacity, not beyond
+    assert budget.take() and budget.take() and not budget.take()
+
+
+def test_crash_ledger_quarantines_when_crashes_fall_within_the_window_and_lifts_after():
+    now = [0.0]
+    ledger = CrashLedger(FaultPolicy(crashes_to_quarantine=2, crash_window_s=10.0, quarantine_s=30.0),
+                         clock=lambda: now[0])
+    assert not ledger.record("a", "first")
+    now[0] = 11.0  # the first crash left the window
+    assert not ledger.record("a", "second")
+    now[0] = 12.0
+    assert ledger.record("a", "third") and ledger.quarantined() == ["a"]
+    with pytest.raises(TargetError) as refused:
+        ledger.refuse_if_quarantined("a")
+    assert refused.value.status == 424 and "third" in refused.value.message
+    assert refused.value.retry_after == pytest.approx(30.0)
+    ledger.refuse_if_quarantined("b")  # others are not affected
+    now[0] = 42.0
+    ledger.refuse_if_quarantined("a")
+    assert ledger.quarantined() == [] and not ledger.record("a", "fresh count after the quarantine")
