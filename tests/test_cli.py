@@ -11,7 +11,7 @@ import pytest
 
 from tritonpack.cli import main
 
-SUBCOMMANDS = ["build", "serve", "check", "infer", "mme", "upload", "deploy", "bench"]
+SUBCOMMANDS = ["build", "serve", "check", "infer", "mme", "upload", "deploy"]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

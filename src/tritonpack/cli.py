@@ -1,4 +1,4 @@
-"""`tritonpack` command line: build, serve, check, infer, mme, upload, deploy, bench."""
+"""`tritonpack` command line: build, serve, check, infer, mme, env, upload, deploy."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from pathlib import Path
 from tritonpack.errors import UserError
 
 # Modules that add their own subcommand with `add_command(subparsers)`.
-COMMAND_MODULES: tuple[str, ...] = ("tritonpack.mme", "tritonpack.check", "tritonpack.env", "tritonpack.aws",
-                                     "tritonpack.bench")
+COMMAND_MODULES: tuple[str, ...] = ("tritonpack.mme", "tritonpack.check", "tritonpack.env", "tritonpack.aws")
 DEMO_TEXTS = ["tritonpack turns notebooks into Triton repositories.", "A second, unrelated sentence."]
 
 
