@@ -1,9 +1,10 @@
 """`python -m benchmarks` (`make bench`, `make bench-smoke`): served tritonpack side by side with its peers.
 
-Writes dist/bench/report.md, report.json and PNG plots. `--mode smoke` runs a small corpus once at c=1 and 8, loads
-1 and 2 copies through the local MME, installs no peer (peers whose venv an earlier full run made under
-dist/bench/peers/ still run) and leaves out dynamic batching on ÷ off and the image comparisons (each needs another
-build); tests check that the report is produced, never that a number is reached.
+Writes dist/bench/report.md, report.json and PNG plots. The first full run makes the peers' venvs under
+dist/bench/peers/ (minutes). `--mode smoke` runs a small corpus once at c=1 and 8 against sentence-transformers torch
+only (the peers in their own venvs are left out, `--peers cached` brings those made before back), loads 1 and 2
+copies through the local MME, and leaves out dynamic batching on ÷ off and the image comparisons (each needs
+another build); tests check that the report is produced, never that a number is reached.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sentences", type=int, help="timed corpus size (full: 256, smoke: 48)")
     p.add_argument("--concurrency", help="served sides' concurrencies, comma-separated (full: 1,4,8,16,32)")
     p.add_argument("--peers", choices=("all", "cached", "none"),
-                   help="all: make missing peer venvs (full) | cached: only those made before (smoke) | none")
+                   help="peers in their own venvs — all: make missing venvs (full) | cached: only venvs made "
+                        "before | none (smoke)")
     p.add_argument("--out", default="dist/bench")
     p.add_argument("--dist", default="dist", help="where `make build` puts the export cache and `make env` the envs")
     return p

@@ -87,17 +87,21 @@ def available_mb() -> float:
 def loaded_ladder(bench, mme, targets: list[str], texts: list[str]) -> dict:
     """Load the targets in steps (1, 4, 8 …; the first is loaded already), serve traffic, let the group settle,
     measure. `stub_processes_started` counts every stub pid seen: Triton 2.51 reloads the models already loaded
-    when another is loaded (3 stubs per bert copy when nothing is reloaded)."""
+    when another is loaded (3 stubs per bert copy when nothing is reloaded), so loading the k-th copy briefly holds
+    about 2k-1 copies' memory; the ladder stops where the machine has less than that free."""
     s, server = bench.settings, mme.triton.server
     steps, first_answer_s, loaded, stopped = {}, {targets[0]: None}, 1, None
     for n in s.loaded_copies:
-        per_model = steps[str(loaded)]["pss_mb"] / loaded if steps else 600.0
-        if available_mb() < 2 * per_model * (n - loaded):  # a reload briefly holds old and new stubs
-            stopped = f"stopped before {n} copies: {available_mb():.0f} MB available, ~{per_model:.0f} MB per model"
-            break
-        for target in targets[loaded:n]:
+        for k, target in enumerate(targets[loaded:n], start=loaded + 1):
+            per_model = steps[str(loaded)]["pss_mb"] / loaded if steps else 600.0
+            if available_mb() < k * per_model:
+                stopped = f"stopped before loading copy {k}: {available_mb():.0f} MB available, ~{per_model:.0f} MB " \
+                          "per loaded copy"
+                break
             first_answer_s[target] = invoke(mme.url, target, texts[0])
             server.stub_models()  # remember the stub pids, before a reload replaces them
+        if stopped:
+            break
         loaded = n
         work = [(targets[i % n], texts[i % len(texts)]) for i in range(s.requests_per_step)]
         with ThreadPoolExecutor(4) as pool:

@@ -6,7 +6,7 @@ stderr). It imports only the standard library, numpy and sentence-transformers, 
 
     {"op": "load", "model": <folder>, "backend": "torch" | "openvino" | "onnx", "export_dir": <folder> | null}
         → {"versions": {...}, "load_s": float, "loaded_from": <folder>}
-    {"op": "encode", "sentences": [...], "batch_size": 64, "embeddings": false}
+    {"op": "encode", "sentences": [...], "batch_size": 64, "torch_threads": null, "embeddings": false}
         → {"seconds": float} (+ "embeddings": base64 float32, "shape": [n, dim])
 
 `python peer_worker.py --versions` prints the versions of the packages the report records, as JSON.
@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -49,6 +50,22 @@ def load(request: dict):
     return model, str(source)
 
 
+@contextmanager
+def torch_threads(threads: int | None):
+    """torch's intra-op threads for one call (None: torch's default, one per core)."""
+    if not threads:
+        yield
+        return
+    import torch
+
+    default = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(default)
+
+
 def main() -> int:
     if sys.argv[1:] == ["--versions"]:
         print(json.dumps(versions()))
@@ -64,9 +81,11 @@ def main() -> int:
                 model, loaded_from = load(request)
                 answer = {"versions": versions(), "load_s": time.perf_counter() - start, "loaded_from": loaded_from}
             elif request["op"] == "encode":
-                start = time.perf_counter()
-                vectors = model.encode(request["sentences"], batch_size=request["batch_size"], convert_to_numpy=True)
-                answer = {"seconds": time.perf_counter() - start}
+                with torch_threads(request.get("torch_threads")):
+                    start = time.perf_counter()
+                    vectors = model.encode(request["sentences"], batch_size=request["batch_size"],
+                                           convert_to_numpy=True)
+                    answer = {"seconds": time.perf_counter() - start}
                 if request.get("embeddings"):
                     answer["embeddings"] = base64.b64encode(vectors.astype("float32").tobytes()).decode()
                     answer["shape"] = list(vectors.shape)

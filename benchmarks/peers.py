@@ -166,19 +166,29 @@ class InfinityServer:
 
 
 class OpenAIEmbeddingsClient:
-    """POST /embeddings (OpenAI's API, which infinity-emb serves) over one keep-alive connection."""
+    """POST /embeddings (OpenAI's API, which infinity-emb serves) over one keep-alive connection, opened again when
+    the server has closed it (uvicorn closes connections idle for 5 s), as pooled HTTP clients do."""
+
+    STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
 
     def __init__(self, port: int, model: str):
         self.model = model
         self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        body = json.dumps({"model": self.model, "input": list(texts)})
+    def _post(self, body: str) -> tuple[int, bytes]:
         self.connection.request("POST", "/embeddings", body, {"Content-Type": "application/json"})
         response = self.connection.getresponse()
-        payload = response.read()
-        if response.status != 200:
-            raise RuntimeError(f"infinity-emb answered {response.status}: {payload[:200]!r}")
+        return response.status, response.read()
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        body = json.dumps({"model": self.model, "input": list(texts)})
+        try:
+            status, payload = self._post(body)
+        except self.STALE:
+            self.connection.close()
+            status, payload = self._post(body)
+        if status != 200:
+            raise RuntimeError(f"infinity-emb answered {status}: {payload[:200]!r}")
         return np.array([row["embedding"] for row in json.loads(payload)["data"]], dtype=np.float32)
 
     def close(self) -> None:

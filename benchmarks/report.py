@@ -97,9 +97,8 @@ def _peer_tables(peers: dict) -> list[str]:
     by_c = peers["by_concurrency"]
     lines = ["## Peers side by side", "", peers["how"] + ".", ""]
     lines += _table(["side", "runs as", "versions"], [
-        [s["label"], "in-process, " + s.get("environment", "") if not s["served"] else s.get("engine", s.get(
-            "server", "")), ", ".join(f"{k} {v}" for k, v in (s.get("versions") or {}).items())]
-        for s in sides.values()])
+        [s["label"], s["server"] if s["served"] else f"in-process (a worker in {s['environment']})",
+         ", ".join(f"{k} {v}" for k, v in s["versions"].items())] for s in sides.values()])
     for name, why in peers.get("skipped", {}).items():
         lines.append(f"\nSkipped: **{name}** — {why}.")
     rows = []

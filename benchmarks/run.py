@@ -15,13 +15,13 @@ from benchmarks.meters import CPU, LoadMonitor, busiest_processes, machine, vers
 @dataclass(frozen=True)
 class BenchSettings:
     mode: str = "full"  # full | smoke
-    sentences: int = 256  # the timed corpus
+    sentences: int = 192  # the timed corpus
     held_out: int = 64  # cosine checks (an eighth beyond 256 tokens)
     repetitions: int = 3  # alternations of every comparison
     concurrencies: tuple[int, ...] = (1, 4, 8, 16, 32)  # served sides
     bucket_concurrency: int = 8  # served sides, by length bucket
     peer_batch_size: int = 64  # in-process sentence-transformers and infinity-emb's batch
-    st_default_batch: bool = True  # also sentence-transformers torch at its default batch 32
+    st_variants: bool = True  # also sentence-transformers torch at its default batch 32, and on one thread
     peers: str = "all"  # all: make missing peer venvs | cached: only peers whose venv exists | none
     infinity_engines: tuple[str, ...] = ("optimum", "torch")  # tried; the fastest at c=8 is compared
     request_batch: int = 32  # sentences per request for served ÷ same encoder in-process
@@ -38,7 +38,7 @@ class BenchSettings:
     def for_mode(cls, mode: str, **overrides) -> BenchSettings:
         if mode == "smoke":
             base = cls(mode="smoke", sentences=48, held_out=16, repetitions=1, concurrencies=(1, 8),
-                       st_default_batch=False, peers="cached", infinity_engines=("optimum",), loaded_copies=(1, 2),
+                       st_variants=False, peers="none", infinity_engines=("optimum",), loaded_copies=(1, 2),
                        requests_per_step=20, cold_starts=1, dynamic_batching=False, images=False)
         elif mode == "full":
             base = cls()

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import numpy as np
 
-from benchmarks.meters import CPU, Run
+from benchmarks.meters import CPU, Run, versions
 
 
 class Side(Protocol):
@@ -169,7 +169,8 @@ def encoder_settings(repository: Path, model: str = "bert") -> dict[str, str]:
 def served_tritonpack(server, repository: Path, model: str = "bert") -> ServedSide:
     return ServedSide("tritonpack", f"served tritonpack {model}", lambda: TritonHttpClient(server.url, model),
                       {"server": "tritonserver 2.51 (nvidia-pytriton)", "client": "tritonclient HTTP",
-                       "repository": str(repository), "encoder": encoder_settings(repository, model)})
+                       "repository": str(repository), "encoder": encoder_settings(repository, model),
+                       "versions": versions(("nvidia-pytriton", "tritonclient", "openvino", "onnxruntime"))})
 
 
 WORKER = Path(__file__).with_name("peer_worker.py")
@@ -181,7 +182,7 @@ class PeerWorker:
 
     def __init__(self, python: Path, backend: str, model: Path, export_dir: Path | None, environment: str,
                  log: Path):
-        self.backend, self.environment = backend, environment
+        self.backend, self.environment, self.log = backend, environment, log
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as stderr:  # the libraries' progress bars and warnings
             self.process = subprocess.Popen(
@@ -196,11 +197,15 @@ class PeerWorker:
             raise
 
     def ask(self, request: dict) -> dict:
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
+        try:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            line = self.process.stdout.readline()
+        except BrokenPipeError:
+            line = ""
         if not line:
-            raise RuntimeError(f"sentence-transformers {self.backend}: the worker exited ({self.process.wait()})")
+            raise RuntimeError(f"sentence-transformers {self.backend}: the worker exited with {self.process.wait()}; "
+                               f"log: {self.log}")
         answer = json.loads(line)
         if "error" in answer:
             raise RuntimeError(f"sentence-transformers {self.backend}: {answer['error']}")
@@ -216,26 +221,32 @@ class PeerWorker:
 
 class SentenceTransformersSide:
     """`SentenceTransformer.encode(batch_size=…)` in a worker process, timed inside the worker around `encode`
-    only. Several sides (batch sizes) may share one worker; the first one made with it closes it."""
+    only. Variants (batch size, torch threads) share the worker; the side made with it closes it."""
 
     served = False
 
-    def __init__(self, worker: PeerWorker, batch_size: int, owns_worker: bool = True):
-        self.worker, self.batch_size, self.owns_worker = worker, batch_size, owns_worker
-        self.key = f"st_{worker.backend}_b{batch_size}"
-        self.label = f"sentence-transformers {worker.backend}, batch {batch_size}"
+    def __init__(self, worker: PeerWorker, batch_size: int, torch_threads: int | None = None,
+                 owns_worker: bool = True):
+        self.worker, self.batch_size, self.torch_threads, self.owns_worker = worker, batch_size, torch_threads, \
+            owns_worker
+        threads = f"_{torch_threads}thread" if torch_threads else ""
+        self.key = f"st_{worker.backend}_b{batch_size}{threads}"
+        self.label = f"sentence-transformers {worker.backend}, batch {batch_size}" + \
+            (f", torch on {torch_threads} thread{'s' if torch_threads > 1 else ''}" if torch_threads else "")
+
+    def _encode(self, sentences: list[str], embeddings: bool) -> dict:
+        return self.worker.ask({"op": "encode", "sentences": sentences, "batch_size": self.batch_size,
+                                "torch_threads": self.torch_threads, "embeddings": embeddings})
 
     def embed(self, sentences: list[str]) -> np.ndarray:
-        answer = self.worker.ask({"op": "encode", "sentences": sentences, "batch_size": self.batch_size,
-                                  "embeddings": True})
+        answer = self._encode(sentences, True)
         return np.frombuffer(base64.b64decode(answer["embeddings"]), dtype=np.float32).reshape(answer["shape"])
 
     def run(self, sentences: list[str], concurrency: int = 1) -> Run:
-        answer = self.worker.ask({"op": "encode", "sentences": sentences, "batch_size": self.batch_size})
-        return Run(len(sentences), answer["seconds"])
+        return Run(len(sentences), self._encode(sentences, False)["seconds"])
 
-    def with_batch_size(self, batch_size: int) -> SentenceTransformersSide:
-        return SentenceTransformersSide(self.worker, batch_size, owns_worker=False)
+    def variant(self, batch_size: int, torch_threads: int | None = None) -> SentenceTransformersSide:
+        return SentenceTransformersSide(self.worker, batch_size, torch_threads, owns_worker=False)
 
     def describe(self) -> dict:
         info = self.worker.info

@@ -23,12 +23,14 @@ GOAL_RATIOS = {"st_openvino_b64": goals.SERVED_OVER_ST_OPENVINO_C8, "st_torch_b6
 
 
 def peer_env_ready(bench, env: peers.PeerEnv, skipped: dict) -> bool:
-    root = bench.peers_root
+    root, mode = bench.peers_root, bench.settings.peers
+    if mode == "none":
+        skipped[env.name] = "left out: peers in their own venvs run in full mode (`make bench`) or with --peers"
+        return False
     if env.ready(root):
         return True
-    if bench.settings.peers != "all":
-        skipped[env.name] = f"its venv ({env.folder(root)}) is not made; {bench.settings.mode} mode does not install " \
-                            "peers (`make bench` makes it once, minutes)"
+    if mode != "all":
+        skipped[env.name] = f"its venv ({env.folder(root)}) is not made; `make bench` makes it once (minutes)"
         return False
     bench.log(f"  making the {env.name} peer venv in {env.folder(root)} (first run only; minutes)")
     try:
@@ -62,7 +64,8 @@ def infinity_side(bench, texts: list[str], skipped: dict) -> ServedSide | None:
             continue
         side = ServedSide("infinity", f"served infinity-emb ({engine})",
                           lambda port=server.port: peers.OpenAIEmbeddingsClient(port, peers.InfinityServer.MODEL_NAME),
-                          {"engine": engine, "batch_size": s.peer_batch_size, "versions": versions,
+                          {"server": f"infinity_emb v2, engine {engine}", "engine": engine,
+                           "batch_size": s.peer_batch_size, "versions": versions,
                            "client": "http.client keep-alive, POST /embeddings (OpenAI API)"}, stop=server.stop)
         side.run(texts[:32], 8)  # warm-up
         tried[engine] = {"started": True}
@@ -85,8 +88,8 @@ def make_sides(bench, server, texts: list[str]) -> tuple[list[Side], dict[str, s
     s, skipped = bench.settings, {}
     torch_side = worker_side(bench, Path(sys.executable), "torch", ".venv", None)
     sides: list[Side] = [torch_side]
-    if s.st_default_batch:
-        sides.append(torch_side.with_batch_size(32))
+    if s.st_variants:  # torch's default batch; one thread, which other processes' load hurts less (README)
+        sides += [torch_side.variant(32), torch_side.variant(s.peer_batch_size, torch_threads=1)]
     root = bench.peers_root
     if peer_env_ready(bench, peers.ST_OPENVINO, skipped):
         sides.append(worker_side(bench, peers.ST_OPENVINO.python(root), "openvino", f"venv {peers.ST_OPENVINO.name}",
