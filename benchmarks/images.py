@@ -123,7 +123,7 @@ def run_pil(batches: list[list[bytes]]) -> Run:
 def measure(bench) -> dict:
     """Builds resnet_pt (portable, random weights), serves it, alternates the sides."""
     s = bench.settings
-    count = 4 if s.mode == "smoke" else 24
+    count = 4 if s.mode == "smoke" else 16
     encoded = images(count, s.seed)
     batches = [encoded[i:i + BATCH] for i in range(0, count, BATCH)]
     singles = [[b] for b in encoded]

@@ -38,13 +38,12 @@ def _by_bucket(plt, peers: dict, out: Path, written: list[str]) -> None:
     import numpy as np
 
     buckets = list(peers["by_bucket"])
-    sides = peers["sides"]
-    width = 0.8 / len(sides)
+    keys = [key for key in peers["sides"] if key in peers["by_bucket"][buckets[0]]]
+    width = 0.8 / len(keys)
     fig, ax = plt.subplots(figsize=(9, 4))
-    for i, (key, side) in enumerate(sides.items()):
-        task = f"{key} c={peers['bucket_concurrency']}" if side["served"] else key
-        ax.bar(np.arange(len(buckets)) + i * width, [peers["by_bucket"][b][task]["throughput_median"] for b in buckets],
-               width, label=side["label"])
+    for i, key in enumerate(keys):
+        ax.bar(np.arange(len(buckets)) + i * width, [peers["by_bucket"][b][key]["throughput_median"] for b in buckets],
+               width, label=peers["sides"][key]["label"])
     ax.set_xticks(np.arange(len(buckets)) + 0.4 - width / 2)
     ax.set_xticklabels(buckets)
     ax.set(xlabel="tokens per sentence", ylabel="sentences/s", yscale="log")

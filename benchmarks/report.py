@@ -114,8 +114,8 @@ def _peer_tables(peers: dict) -> list[str]:
     buckets = list(peers["by_bucket"])
     rows = []
     for key, side in sides.items():
-        task = f"{key} c={peers['bucket_concurrency']}" if side["served"] else key
-        rows.append([side["label"]] + [f"{peers['by_bucket'][b][task]['throughput_median']:.1f}" for b in buckets])
+        if buckets and key in peers["by_bucket"][buckets[0]]:
+            rows.append([side["label"]] + [f"{peers['by_bucket'][b][key]['throughput_median']:.1f}" for b in buckets])
     lines += ["", f"Sentences/s by length bucket (tokens; served sides at c={peers['bucket_concurrency']}):", ""]
     lines += _table(["side"] + buckets, rows)
     rows = [[sides[k]["label"], fmt(v["within_256_tokens"], 6), fmt(v["beyond_256_tokens"], 6)]

@@ -15,7 +15,7 @@ from benchmarks.meters import CPU, LoadMonitor, busiest_processes, machine, vers
 @dataclass(frozen=True)
 class BenchSettings:
     mode: str = "full"  # full | smoke
-    sentences: int = 192  # the timed corpus
+    sentences: int = 128  # the timed corpus
     held_out: int = 64  # cosine checks (an eighth beyond 256 tokens)
     repetitions: int = 3  # alternations of every comparison
     concurrencies: tuple[int, ...] = (1, 4, 8, 16, 32)  # served sides

@@ -28,6 +28,7 @@ class Side(Protocol):
     key: str  # report key, e.g. "st_openvino_b64"
     label: str  # what a reader sees, e.g. "sentence-transformers openvino, batch 64"
     served: bool
+    is_variant: bool  # another setting of a side already measured: left out of the by-length runs
 
     def embed(self, sentences: list[str]) -> np.ndarray: ...
 
@@ -114,6 +115,7 @@ class ServedSide:
     stops the server when the side is closed."""
 
     served = True
+    is_variant = False
 
     def __init__(self, key: str, label: str, make_client: Callable[[], Client], details: dict,
                  stop: Callable[[], None] | None = None):
@@ -227,8 +229,9 @@ class SentenceTransformersSide:
 
     def __init__(self, worker: PeerWorker, batch_size: int, torch_threads: int | None = None,
                  owns_worker: bool = True):
-        self.worker, self.batch_size, self.torch_threads, self.owns_worker = worker, batch_size, torch_threads, \
-            owns_worker
+        self.worker, self.batch_size, self.torch_threads = worker, batch_size, torch_threads
+        self.owns_worker = owns_worker
+        self.is_variant = not owns_worker
         threads = f"_{torch_threads}thread" if torch_threads else ""
         self.key = f"st_{worker.backend}_b{batch_size}{threads}"
         self.label = f"sentence-transformers {worker.backend}, batch {batch_size}" + \
