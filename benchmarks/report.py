@@ -17,9 +17,9 @@ How this bench measures:
   (A B …, … B A) and reports the median of the per-repetition ratios.
 - **Per CPU-second** divides items by the CPU time of this process and every process group it started (servers
   with their stubs, peer workers) during the run; other processes' load does not bias it.
-- **Memory** is the summed PSS of tritonserver and all its python stubs after loading 1, 4 and 8 copies of the
-  tarball through the local MME: PSS charges a page shared by n processes 1/n to each, so the sum counts every
-  page once (summed RSS, shown beside it, counts shared libraries and the stubs' /dev/shm regions per process)."""
+- **Memory** is the summed PSS of tritonserver and all its python stubs after loading copies of the tarball
+  through the local MME: PSS charges a page shared by n processes 1/n to each, so the sum counts every page once
+  (summed RSS, shown beside it, counts shared libraries and the stubs' /dev/shm regions once per process)."""
 
 
 def _row(key: str, what: str, value, unit: str, target=None, met=None, per_cpu=None, higher=True) -> dict:
@@ -86,9 +86,11 @@ def row_value(row: dict) -> str:
     return fmt(row["value"], 6 if row["key"] == "cosine_min" else 2) + row["unit"]
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header)))
-            + "|"] + ["| " + " | ".join(r) + " |" for r in rows]
+def _table(header: list[str], rows: list[list[str]], numbers: bool = True) -> list[str]:
+    """Markdown; the first column left-aligned, the others right-aligned when they hold numbers."""
+    align = "---:" if numbers else "---"
+    return ["| " + " | ".join(header) + " |", "|---|" + "|".join(align for _ in header[1:]) + "|"] + \
+        ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def _peer_tables(peers: dict) -> list[str]:
@@ -98,19 +100,24 @@ def _peer_tables(peers: dict) -> list[str]:
     lines = ["## Peers side by side", "", peers["how"] + ".", ""]
     lines += _table(["side", "runs as", "versions"], [
         [s["label"], s["server"] if s["served"] else f"in-process (a worker in {s['environment']})",
-         ", ".join(f"{k} {v}" for k, v in s["versions"].items())] for s in sides.values()])
+         ", ".join(f"{k} {v}" for k, v in s["versions"].items())] for s in sides.values()], numbers=False)
     for name, why in peers.get("skipped", {}).items():
         lines.append(f"\nSkipped: **{name}** — {why}.")
+    engines = sides.get("infinity", {}).get("engines_tried", {})
+    if len(engines) > 1:
+        tried = ", ".join(f"{e} {fmt(t.get('probe_c8_sentences_per_s'), 1)}/s" if t["started"] else
+                          f"{e} did not start ({t['error']})" for e, t in engines.items())
+        lines.append(f"\ninfinity-emb's engines at c=8 on the corpus: {tried}; the faster is compared.")
     rows = []
     for key, side in sides.items():
         if side["served"]:
             cells = [by_c[f"{key} c={c}"] for c in cs]
-            rows.append([side["label"]] + [f"{x['throughput_median']:.1f} ({fmt(x['latency_p50_ms'], 1)} / "
-                                           f"{fmt(x['latency_p99_ms'], 1)})" for x in cells])
+            rows.append([side["label"], ""] + [f"{x['throughput_median']:.1f} ({fmt(x['latency_p50_ms'], 1)} / "
+                                               f"{fmt(x['latency_p99_ms'], 1)})" for x in cells])
         else:
-            rows.append([side["label"]] + [f"{by_c[key]['throughput_median']:.1f} (one call)"] + [""] * (len(cs) - 1))
-    lines += ["", "Sentences/s on the mixed corpus (served: p50 / p99 ms per request), by concurrency:", ""]
-    lines += _table(["side"] + [f"c={c}" for c in cs], rows)
+            rows.append([side["label"], f"{by_c[key]['throughput_median']:.1f}"] + [""] * len(cs))
+    lines += ["", "Sentences/s on the mixed corpus; served sides by concurrency, with p50 / p99 ms per request:", ""]
+    lines += _table(["side", "in-process, one call"] + [f"c={c}" for c in cs], rows)
     buckets = list(peers["by_bucket"])
     rows = []
     for key, side in sides.items():
@@ -133,7 +140,9 @@ def _memory_table(mme: dict) -> list[str]:
              for n, m in memory["steps"].items()]
     loads = ", ".join(fmt(s) for s in memory["first_answer_s_by_target"].values() if s is not None)
     lines = ["## Memory and cold start through the local MME", ""]
-    lines += _table(["loaded copies", "PSS summed (MB)", "RSS summed (MB)", "processes", "stubs started"], rows)
+    lines += _table(["loaded copies", "PSS summed (MB)", "RSS summed (MB)", "processes", "stubs seen"], rows)
+    lines += ["", "Stubs seen: python stub processes seen since the server started (3 per copy when nothing is "
+                  "reloaded; Triton 2.51 reloads the loaded models when another one loads)."]
     cold = ", ".join(f"{r['first_answer_s']:.2f}" for r in mme["cold_start"]["runs"])
     lines += ["", f"First model {memory['first_model_pss_mb']:.0f} MB beyond the server alone; each additional "
                   f"{fmt(memory['per_additional_model_pss_mb'], 0)} MB → {fmt(memory['models_per_gb'], 1)} models "
