@@ -223,15 +223,14 @@ class PeerWorker:
 
 class SentenceTransformersSide:
     """`SentenceTransformer.encode(batch_size=…)` in a worker process, timed inside the worker around `encode`
-    only. Variants (batch size, torch threads) share the worker; the side made with it closes it."""
+    only. Variants (another batch size, torch threads) share the worker; the side made with it closes it."""
 
     served = False
 
     def __init__(self, worker: PeerWorker, batch_size: int, torch_threads: int | None = None,
-                 owns_worker: bool = True):
-        self.worker, self.batch_size, self.torch_threads = worker, batch_size, torch_threads
-        self.owns_worker = owns_worker
-        self.is_variant = not owns_worker
+                 is_variant: bool = False):
+        self.worker, self.batch_size, self.torch_threads, self.is_variant = worker, batch_size, torch_threads, \
+            is_variant
         threads = f"_{torch_threads}thread" if torch_threads else ""
         self.key = f"st_{worker.backend}_b{batch_size}{threads}"
         self.label = f"sentence-transformers {worker.backend}, batch {batch_size}" + \
@@ -249,7 +248,7 @@ class SentenceTransformersSide:
         return Run(len(sentences), self._encode(sentences, False)["seconds"])
 
     def variant(self, batch_size: int, torch_threads: int | None = None) -> SentenceTransformersSide:
-        return SentenceTransformersSide(self.worker, batch_size, torch_threads, owns_worker=False)
+        return SentenceTransformersSide(self.worker, batch_size, torch_threads, is_variant=True)
 
     def describe(self) -> dict:
         info = self.worker.info
@@ -257,7 +256,7 @@ class SentenceTransformersSide:
                 "versions": info["versions"], "load_s": info["load_s"], "loaded_from": info["loaded_from"]}
 
     def close(self) -> None:
-        if self.owns_worker:
+        if not self.is_variant:
             self.worker.close()
 
 
