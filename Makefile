@@ -17,7 +17,7 @@ PYTHON_VERSION ?=# the MME tarball's environment for this Python instead of TRIT
 TRITON_CONTAINER ?=# the Triton container release the tarball is for (default 24.09, the current SageMaker Triton image)
 MME_PORT ?= 8080
 MAX_MODELS ?= 8
-BENCH ?= full# make bench: full | smoke (small corpus, one repetition; what CI runs)
+BENCH ?= full# make bench: full | smoke (small corpus, one repetition, no peer installs; what CI runs)
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
@@ -71,11 +71,11 @@ soak: $(STAMP) ## reliability soak: 10,000 mixed requests per ensemble, fuzzed a
 	$(BIN)/python -m pytest -m slow
 	TRITONPACK_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest tests/test_archive_fuzz.py
 
-bench: $(STAMP) ## served bert vs in-process baselines, P1–P6 (BENCH=smoke: quick) → dist/bench/report.md
-	$(BIN)/tritonpack bench --mode $(BENCH)
+bench: $(STAMP) ## served bert side by side with its peers, memory, cold start (~15 min; first run makes the peer venvs) → dist/bench/report.md
+	$(BIN)/python -m benchmarks --mode $(BENCH)
 
-bench-smoke: $(STAMP) ## the quick bench CI runs (small corpus, one repetition) → dist/bench/report.md
-	$(BIN)/tritonpack bench --mode smoke
+bench-smoke: $(STAMP) ## the quick bench (small corpus, one repetition, c=1 and 8, no peer installs) → dist/bench/report.md
+	$(BIN)/python -m benchmarks --mode smoke
 
 lint: $(STAMP) ## ruff
 	$(BIN)/ruff check .

@@ -1,5 +1,6 @@
-"""Python-backend model code under test, straight from `models/<name>/`: pure logic modules, and model.py adapters
-run with the fake pb_utils. Nothing they put on sys.path or into sys.modules outlives the `with` block."""
+"""Python-backend model code under test, straight from `models/<name>/`: pure logic modules
+(`tritonpack.components.load_model_module`), and model.py adapters run with the fake pb_utils. Nothing they put on
+sys.path or into sys.modules outlives the `with` block."""
 
 from __future__ import annotations
 
@@ -11,31 +12,9 @@ import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from types import ModuleType
 
 from tests import fake_pb_utils
-from tritonpack.components import MODELS_DIR, SHARED_DIR, ModelFolder
-
-
-@contextmanager
-def imports_from(source: str) -> Iterator[None]:
-    """`models/<source>/` and `models/shared/` first on sys.path, as the stub has the version folder; afterwards
-    sys.path is as it was and every module imported from models/ is gone from sys.modules."""
-    saved, before = list(sys.path), set(sys.modules)
-    sys.path[:0] = [str(MODELS_DIR / source), str(SHARED_DIR)]
-    try:
-        yield
-    finally:
-        sys.path[:] = saved
-        for name in set(sys.modules) - before:
-            if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(MODELS_DIR)):
-                del sys.modules[name]
-
-
-def load(source: str, module: str) -> ModuleType:
-    """`models/<source>/<module>.py` (or a shared module), imported with its siblings."""
-    with imports_from(source):
-        return importlib.import_module(module)
+from tritonpack.components import ModelFolder, model_imports
 
 
 @contextmanager
@@ -61,7 +40,7 @@ def fake_server() -> Iterator:
                     (root / name / relative).parent.mkdir(parents=True, exist_ok=True)
                     (root / name / relative).symlink_to(Path(path).resolve())
             source = Path(folder.files["1/model.py"])
-            stack.enter_context(imports_from(source.parent.name))
+            stack.enter_context(model_imports(source.parent.name))
             spec = importlib.util.spec_from_file_location(f"model_{uuid.uuid4().hex}", source)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)

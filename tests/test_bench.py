@@ -1,51 +1,119 @@
-"""`tritonpack bench --mode smoke` produces the report (files and keys); it never checks a number is reached."""
+"""The benchmarks package (`make bench`): its corpus, its arithmetic, its peer worker, and a smoke run that produces
+the report with the expected keys. No number is ever checked against a target here."""
 
 from __future__ import annotations
 
 import json
+import sys
 
+import numpy as np
 import pytest
 
-from tritonpack import bench
+from benchmarks import corpus, meters, peers
+from benchmarks.meters import Run
+from benchmarks.run import Bench, BenchSettings
+from benchmarks.sides import PeerWorker, SentenceTransformersSide
 
 
-def test_corpus_is_deterministic_and_mixed_when_generated():
-    sentences = bench.corpus(200, seed=5)
-    assert sentences == bench.corpus(200, seed=5)
-    words = sorted(len(s.split()) for s in sentences)
-    assert words[0] <= 3 and words[-1] >= 30 and len(set(sentences)) > 150
+def test_corpus_is_deterministic_and_fills_every_length_bucket_when_generated():
+    sentences = corpus.corpus(200, seed=5)
+    assert sentences == corpus.corpus(200, seed=5)
+    assert all(s.tokens == corpus.count_tokens(s.text) <= corpus.MAX_TOKENS for s in sentences)
+    groups = corpus.by_bucket(sentences)
+    assert list(groups) == [b.name for b in corpus.BUCKETS] and min(len(g) for g in groups.values()) >= 15
+    assert max(s.tokens for s in sentences) > 200 and len({s.text for s in sentences}) > 150
+
+
+def test_held_out_sentences_go_beyond_256_tokens_when_generated():
+    held = corpus.held_out(64, seed=5)
+    beyond = [s for s in held if s.tokens > corpus.MAX_TOKENS]
+    assert len(beyond) == 8 and all(s.bucket == corpus.TRUNCATED.name for s in beyond)
 
 
 def test_ratio_summary_reports_the_median_of_paired_runs_when_alternated():
-    fast = [bench.Run(100, 1.0, cpu_seconds=1.0), bench.Run(100, 2.0, cpu_seconds=2.0), bench.Run(100, 1.0)]
-    slow = [bench.Run(100, 2.0, cpu_seconds=2.0), bench.Run(100, 2.0, cpu_seconds=2.0), bench.Run(100, 3.0)]
-    summary = bench.ratio_summary(fast, slow, target=1.5)
+    fast = [Run(100, 1.0, cpu_seconds=1.0), Run(100, 2.0, cpu_seconds=2.0), Run(100, 1.0)]
+    slow = [Run(100, 2.0, cpu_seconds=2.0), Run(100, 2.0, cpu_seconds=2.0), Run(100, 3.0)]
+    summary = meters.ratio_summary(fast, slow, target=1.5)
     assert summary["ratios"] == [2.0, 1.0, 3.0] and summary["median"] == 2.0 and summary["met"] is True
     assert summary["per_cpu_second_median"] == 1.5  # the run without CPU time is left out
 
 
+def test_alternate_reverses_the_order_every_other_repetition_when_given_three_sides():
+    order = []
+    tasks = {name: (lambda name=name: order.append(name) or Run(1, 1.0)) for name in "ABC"}
+    runs = meters.alternate(tasks, 3, log=lambda line: None)
+    assert "".join(order) == "ABCCBAABC" and all(len(r) == 3 and r[0].cpu_seconds is not None for r in runs.values())
+
+
+def test_machine_records_cpu_model_and_flags_when_read_from_proc():
+    record = meters.machine()
+    assert record["cpu_model"] and record["cores"] >= 1
+    assert set(record["cpu_flags"]) == set(meters.CPU_FLAGS)
+    assert record["cpu_flags"]["avx2"] == ("avx2" in meters.cpu_info()[1])
+
+
+def test_peer_env_is_ready_only_when_its_stamp_names_the_same_requirements(tmp_path):
+    env = peers.PeerEnv("example", ("pkg==1.0",))
+    assert not env.ready(tmp_path)
+    env.folder(tmp_path).mkdir()
+    (env.folder(tmp_path) / ".installed").write_text(env.stamp)
+    assert env.ready(tmp_path)
+    assert not peers.PeerEnv("example", ("pkg==2.0",)).ready(tmp_path)
+
+
+def test_peer_worker_embeds_and_times_and_reuses_its_export_when_loaded_twice(tmp_path):
+    export = tmp_path / "export"
+    first = PeerWorker(sys.executable, "torch", corpus.model_path(), export, ".venv", tmp_path / "worker.log")
+    try:
+        side = SentenceTransformersSide(first, 64)
+        texts = ["a short one", "a second, somewhat longer sentence about batching"]
+        vectors = side.embed(texts)
+        assert vectors.shape == (2, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+        run = side.variant(32, torch_threads=1).run(texts * 8)
+        assert run.items == 16 and run.seconds > 0
+        assert first.info["loaded_from"] == str(corpus.model_path()) and (export / "modules.json").is_file()
+        with pytest.raises(RuntimeError, match="unknown op"):
+            first.ask({"op": "nonsense"})
+    finally:
+        side.close()
+    assert first.process.poll() == 0
+    second = PeerWorker(sys.executable, "torch", corpus.model_path(), export, ".venv", tmp_path / "worker.log")
+    try:
+        assert second.info["loaded_from"] == str(export)
+        np.testing.assert_allclose(SentenceTransformersSide(second, 64).embed(texts), vectors, atol=1e-6)
+    finally:
+        second.close()
+
+
 @pytest.mark.server
 def test_bench_smoke_writes_report_files_with_expected_keys_when_run(test_dist, tmp_path):
-    settings = bench.BenchSettings.for_mode("smoke", out=tmp_path / "bench", dist=test_dist)
-    report = bench.Bench(settings, log=lambda line: None).run()
+    settings = BenchSettings.for_mode("smoke", out=tmp_path / "bench", dist=test_dist)
+    report = Bench(settings, log=lambda line: None).run()
 
     out = tmp_path / "bench"
     assert (out / "report.md").read_text().startswith("# tritonpack bench report")
     on_disk = json.loads((out / "report.json").read_text())
     assert on_disk["summary"] == json.loads(json.dumps(report["summary"]))
-    for key in ("machine", "versions", "settings", "corpus", "load", "P1", "client_protocol", "P2", "P3", "P4",
-                "P5", "P6", "summary", "plots"):
-        assert key in on_disk, key
-    assert {"cores", "cpu_model"} <= set(on_disk["machine"])
+    for key in ("machine", "versions", "settings", "corpus", "load", "peers", "served_over_same_encoder", "mme",
+                "sizes", "summary", "plots"):
+        assert on_disk.get(key), key
+        assert not isinstance(on_disk[key], dict) or on_disk[key].get("available", True), on_disk[key]
+    assert {"cpu_model", "cores", "cpu_flags"} <= set(on_disk["machine"])
+    peer = on_disk["peers"]
+    assert {"st_torch_b64", "tritonpack"} <= set(peer["sides"])
+    assert set(peer["skipped"]) == {"st-openvino", "infinity"}  # smoke mode installs no peer
     for c in settings.concurrencies:
-        entry = on_disk["P1"]["by_concurrency"][str(c)]
-        assert {"latency_p50_ms", "latency_p99_ms", "throughput_median"} <= set(entry["served"])
-        assert {"median", "ratios", "per_cpu_second_median"} <= set(entry["ratio"])
-    assert on_disk["P1"]["cosine_min_vs_sentence_transformers"] > 0
-    assert {"batch32_c1", "single_c4"} <= set(on_disk["P2"])
-    assert "median" in on_disk["P3"]["ratio"]
-    assert "available" in on_disk["P4"] and "available" in on_disk["P5"]
-    assert {"tarballs_bytes", "envs_bytes"} <= set(on_disk["P6"])
+        served, ratio = peer["by_concurrency"][f"tritonpack c={c}"], peer["ratios_by_concurrency"][str(c)]
+        assert {"latency_p50_ms", "latency_p99_ms", "throughput_median"} <= set(served)
+        assert {"median", "ratios", "per_cpu_second_median"} <= set(ratio["st_torch_b64"])
+    assert set(peer["by_bucket"]) <= {b.name for b in corpus.BUCKETS}
+    assert peer["cosine_to_st_torch"]["tritonpack"]["min"] > 0
+    assert peer["cosine_to_st_torch"]["tritonpack"]["beyond_256_tokens"] is not None
+    memory = on_disk["mme"]["memory"]
+    assert set(memory["steps"]) == {"1", "2"} and memory["per_additional_model_pss_mb"] is not None
+    assert all(step["pss_mb"] < step["rss_mb"] for step in memory["steps"].values())  # shared pages counted once
+    assert on_disk["mme"]["cold_start"]["first_answer_s_median"] > 0
+    assert on_disk["sizes"]["tarball_mb"] > 0
     assert on_disk["plots"] and all((out / name).stat().st_size > 0 for name in on_disk["plots"])
 
 

@@ -6,9 +6,16 @@ import sys
 
 import pytest
 
-from tests.model_folders import imports_from, load
 from tritonpack import contracts
-from tritonpack.components import MODELS_DIR, Artifact, StepSettings, framework_model, model_sources
+from tritonpack.components import (
+    MODELS_DIR,
+    Artifact,
+    StepSettings,
+    framework_model,
+    load_model_module,
+    model_imports,
+    model_sources,
+)
 from tritonpack.errors import SpecError
 from tritonpack.spec import Tensor
 
@@ -36,12 +43,12 @@ def test_model_imports_leave_sys_path_and_modules_as_they_were_when_the_block_en
                 if str(getattr(module, "__file__", None) or "").startswith(str(MODELS_DIR))]
 
     path, before = list(sys.path), from_models()
-    with imports_from("mean_pooling"):
+    with model_imports("mean_pooling"):
         import pooling
 
         assert pooling.__file__.startswith(str(MODELS_DIR)) and "pooling" in from_models()
     assert sys.path == path and from_models() == before
-    assert callable(load("tokenizer", "tokenize_text").TextTokenizer)
+    assert callable(load_model_module("tokenizer", "tokenize_text").TextTokenizer)
     assert sys.path == path and from_models() == before
 
 

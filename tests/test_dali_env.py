@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.images import bad_payloads, image_kinds
-from tests.model_folders import load
+from tritonpack.components import load_model_module
 
 MODEL = "resnet_pt_preprocess"
 
@@ -33,7 +33,7 @@ def env_repository(tmp_path_factory, model_folders, artifact_cache) -> Path:
 
 
 def preprocess_in_process(model_dali: Path, image: bytes) -> np.ndarray:
-    serialized_pipeline = load("dali_runner", "serialized_pipeline")
+    serialized_pipeline = load_model_module("dali_runner", "serialized_pipeline")
     pipeline = serialized_pipeline.SerializedPipeline.from_file(str(model_dali), input_name="IMAGE", max_batch_size=1)
     return pipeline.run([np.frombuffer(image, dtype=np.uint8)])[0]
 

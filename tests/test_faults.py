@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from tests.reliability import hostile
-from tests.reliability.soak import group_members
+from tritonpack.proc import group_members
 from tritonpack.server import TritonServer
 
 VALID = hostile.text_request(["a sentence under fire"])

@@ -9,15 +9,15 @@ import sys
 import numpy as np
 import pytest
 
-from tests.model_folders import load
 from tritonpack.build import export_inception
 from tritonpack.builder import BuildRequest, build
+from tritonpack.components import load_model_module
 from tritonpack.errors import SpecError
 from tritonpack.spec import parse_config
 from tritonpack.wiring import wiring_problems
 
-graphdef_session = load("framework_runner", "tensorflow_graphdef_session")
-onnxruntime_session = load("framework_runner", "onnxruntime_session")
+graphdef_session = load_model_module("framework_runner", "tensorflow_graphdef_session")
+onnxruntime_session = load_model_module("framework_runner", "onnxruntime_session")
 
 NAMES = {"input_order": export_inception.INPUT, "output_order": export_inception.OUTPUT, "threads": "2"}
 

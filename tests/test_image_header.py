@@ -7,10 +7,10 @@ import io
 import pytest
 from PIL import Image
 
-from tests.model_folders import load
 from tests.reliability import hostile
+from tritonpack.components import load_model_module
 
-header = load("shared", "image_header")
+header = load_model_module("shared", "image_header")
 ClientError, check_image_pixels, image_size = header.ClientError, header.check_image_pixels, header.image_size
 
 

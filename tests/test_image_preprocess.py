@@ -21,11 +21,11 @@ from PIL import Image
 
 from tests.fake_pb_utils import InferenceRequest, Tensor, TritonError
 from tests.images import bad_payloads, image_kinds
-from tests.model_folders import load
 from tritonpack.build.serialize_dali import serialize
+from tritonpack.components import load_model_module
 from tritonpack.pipelines.classification import RECIPES, Recipe, classification_pipeline
 
-serialized_pipeline = load("dali_runner", "serialized_pipeline")
+serialized_pipeline = load_model_module("dali_runner", "serialized_pipeline")
 PipelineRunFailed, SerializedPipeline = serialized_pipeline.PipelineRunFailed, serialized_pipeline.SerializedPipeline
 rows_to_samples = serialized_pipeline.rows_to_samples
 

@@ -264,7 +264,7 @@ def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(mo
     healthy" (400 on its SageMaker front-end). The gateway unloads and loads the target again and retries; when a
     request was inside the stub as it died, Triton never answers it nor unloads the target, and the gateway
     restarts tritonserver instead, retrying the calls that restart cut short."""
-    from tests.reliability.soak import group_members
+    from tritonpack.proc import group_members
 
     caplog.set_level(logging.INFO, logger="tritonpack.mme")
     target, expected = "tiny-a.tar.gz", tiny_reference(FEW)

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 
 import tritonpack.build.export_text_encoder as export_text_encoder
-from tests.model_folders import load
 from tests.texts import SENTENCES, assert_embeddings_match
 from tritonpack.build.text_source import SentenceTransformerSource
-from tritonpack.components import Artifact, StepSettings, framework_model
+from tritonpack.components import Artifact, StepSettings, framework_model, load_model_module
 from tritonpack.ensembles.text import TextServing
 from tritonpack.errors import SpecError
 from tritonpack.spec import DynamicBatching, Tensor, parse_config
@@ -29,7 +28,7 @@ def encoder(artifact_cache):
 
 @pytest.fixture(scope="module")
 def sessions():
-    return {name: load("framework_runner", f"{name}_session") for name in ("onnxruntime", "openvino")}
+    return {name: load_model_module("framework_runner", f"{name}_session") for name in ("onnxruntime", "openvino")}
 
 
 def tokens(source, texts):

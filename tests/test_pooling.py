@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.model_folders import load
+from tritonpack.components import load_model_module
 
-mean_pool = load("mean_pooling", "pooling").mean_pool
+mean_pool = load_model_module("mean_pooling", "pooling").mean_pool
 
 
 def reference_mean_pool(embeddings, mask, normalize):

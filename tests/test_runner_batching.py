@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.model_folders import load
+from tritonpack.components import load_model_module
 
 
 def _runner_module():
-    return load("framework_runner", "runner_batching")
+    return load_model_module("framework_runner", "runner_batching")
 
 
 def test_length_groups_keeps_every_request_once_when_lengths_vary():
@@ -75,7 +75,7 @@ def test_runner_groups_rows_by_real_length_when_one_request_mixes_short_and_long
 
 
 def _packing_module():
-    return load("framework_runner", "packing")
+    return load_model_module("framework_runner", "packing")
 
 
 def test_pack_groups_keeps_order_and_budget_when_rows_vary():

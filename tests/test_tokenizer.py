@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.model_folders import load
 from tests.texts import LONG, SENTENCES
 from tritonpack.build.text_source import SentenceTransformerSource
+from tritonpack.components import load_model_module
 
-tokenize_text = load("tokenizer", "tokenize_text")
+tokenize_text = load_model_module("tokenizer", "tokenize_text")
 ClientError, TextTokenizer, decode_texts = tokenize_text.ClientError, tokenize_text.TextTokenizer, \
     tokenize_text.decode_texts
 

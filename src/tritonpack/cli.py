@@ -1,4 +1,4 @@
-"""`tritonpack` command line: build, serve, check, infer, mme, upload, deploy, bench."""
+"""`tritonpack` command line: build, serve, check, infer, mme, env, upload, deploy."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from tritonpack.contracts import IoNames
 from tritonpack.errors import TritonpackError, UserError
 
 # Modules that add their own subcommand with `add_command(subparsers)`.
-COMMAND_MODULES: tuple[str, ...] = ("tritonpack.mme", "tritonpack.check", "tritonpack.env", "tritonpack.aws",
-                                     "tritonpack.bench")
+COMMAND_MODULES: tuple[str, ...] = ("tritonpack.mme", "tritonpack.check", "tritonpack.env", "tritonpack.aws")
 DEMO_TEXTS = ["tritonpack turns notebooks into Triton repositories.", "A second, unrelated sentence."]
 
 

@@ -8,9 +8,13 @@ python `dali_runner`. Which backend runs which file comes from `tritonpack.backe
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Mapping
+import importlib
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import ModuleType
 
 from tritonpack import CARD_ROOT
 from tritonpack.backends import FRAMEWORKS, Framework
@@ -74,6 +78,28 @@ def model_sources(source: str, dynamic: Iterable[str] = ()) -> dict[str, Path]:
         found[name] = available[name]
         wanted += sorted(module_imports(found[name].read_bytes()) & set(available))
     return {f"{path.stem}.py": path for path in found.values()}
+
+
+@contextmanager
+def model_imports(source: str) -> Iterator[None]:
+    """Import python-model code outside Triton: `models/<source>/` and `models/shared/` first on sys.path, as the stub
+    has the version folder; afterwards sys.path is as it was and every module imported from models/ is gone from
+    sys.modules (each model folder has its own `model.py`, siblings share names)."""
+    saved, before = list(sys.path), set(sys.modules)
+    sys.path[:0] = [str(MODELS_DIR / source), str(SHARED_DIR)]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+        for name in set(sys.modules) - before:
+            if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(MODELS_DIR)):
+                del sys.modules[name]
+
+
+def load_model_module(source: str, module: str) -> ModuleType:
+    """`models/<source>/<module>.py` (or a shared module), imported with its siblings (`model_imports`)."""
+    with model_imports(source):
+        return importlib.import_module(module)
 
 
 def python_model(spec: ModelSpec, source: str, extra_files: Mapping[str, Path] | None = None,

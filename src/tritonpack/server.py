@@ -23,6 +23,7 @@ from contextlib import closing, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tritonpack import proc
 from tritonpack.errors import ServerError
 
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"  # of the local python stub (this interpreter)
@@ -89,9 +90,6 @@ def free_port() -> int:
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-SHM_PREFIX = "triton_python_backend_shm_region"
 
 
 def _become_subreaper() -> None:
@@ -202,19 +200,8 @@ class TritonServer:
             return ""
 
     def process_group_pids(self) -> list[int]:
-        """The server and every process it started (python stubs share its process group)."""
-        if self.process is None:
-            return []
-        pgid = self.process.pid
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    if os.getpgid(int(entry.name)) == pgid:
-                        pids.append(int(entry.name))
-                except (ProcessLookupError, PermissionError):
-                    continue
-        return pids
+        """The server and every process it started (python stubs share its process group), zombies included."""
+        return proc.group_members(self.process.pid) if self.process is not None else []
 
     def stub_shm_regions(self) -> set[str]:
         """The /dev/shm regions of this server's python stubs seen so far (each stub's command line names one)."""
@@ -226,29 +213,21 @@ class TritonServer:
 
         Also notes the /dev/shm regions tritonserver maps: a stub that died before anyone looked at it is known
         by its region there (Triton 2.51 leaves it behind when its exit times out)."""
-        with suppress(OSError, AttributeError):  # AttributeError: not started
-            for line in Path(f"/proc/{self.process.pid}/maps").read_text().splitlines():
-                name = line.rsplit("/dev/shm/", 1)[-1] if "/dev/shm/" in line else ""
-                if name.startswith(SHM_PREFIX):
-                    self._regions.add(name.removesuffix(" (deleted)"))
+        if self.process is not None:
+            self._regions |= proc.mapped_shm_regions(self.process.pid)
         for pid in self.process_group_pids():
-            with suppress(OSError):
-                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                if b"triton_python_backend_stub" in args[0] and len(args) > 1:
-                    self._stubs[pid] = Path(args[1].decode()).parent.parent.name
-                    self._regions.update(a.decode() for a in args if a.startswith(SHM_PREFIX.encode()))
+            args = proc.command_line(pid)
+            if (model := proc.stub_model(args)) is not None:
+                self._stubs[pid] = model
+                self._regions.update(proc.stub_shm_regions(args))
         return dict(self._stubs)
 
     def dead_stubs(self) -> list[str]:
         """Models whose python stub has died (now a zombie of tritonserver). Triton 2.51 keeps answering ready
         for such a model while every request to it fails with 500 "Stub process ... is not healthy"."""
         known = self.stub_models()
-        dead = []
-        for pid in self.process_group_pids():
-            with suppress(OSError, IndexError):
-                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                    dead.append(known.get(pid, str(pid)))
-        return sorted(dead)
+        dead = [pid for pid in self.process_group_pids() if (s := proc.stat(pid)) and s.state in ("Z", "X")]
+        return sorted(known.get(pid, str(pid)) for pid in dead)
 
     def _reap(self) -> None:
         """Collect exited stubs re-parented to us (see `_become_subreaper`); others' children are left alone."""

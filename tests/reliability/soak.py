@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.reliability import hostile
+from tritonpack import proc
 from tritonpack.server import TritonServer
 
 STATUS_CLASS = {"2xx": range(200, 300), "4xx": range(400, 500), "5xx": range(500, 600)}
@@ -64,15 +65,16 @@ class SoakReport:
     duration_s: float = 0.0
     rss_kb_after_warmup: int = 0
     rss_kb_end: int = 0
-    rss_kb_by_process_end: dict[str, int] = field(default_factory=dict)
-    # where the memory is (VmRSS, RssAnon, RssFile, RssShmem per process): the python backend's shared-memory pool
-    # counts in both tritonserver's and the stubs' RSS and only grows, so growth there is not a heap leak
+    # where the memory is (tritonpack.proc.Memory per process): the python backend's shared-memory pool counts in
+    # both tritonserver's and the stubs' RSS and only grows, so growth there is not a heap leak
     memory_after_warmup: dict[str, dict[str, int]] = field(default_factory=dict)
     memory_end: dict[str, dict[str, int]] = field(default_factory=dict)
     rss_kb_samples: list[int] = field(default_factory=list)  # after each tenth of the run, nothing in flight
     # private memory (RssAnon + RssFile per process) plus the pages of the server's /dev/shm regions counted once
     unique_kb_after_warmup: int = 0
     unique_kb_end: int = 0
+    pss_kb_after_warmup: int = 0  # summed PSS: every page of the group counted once (tritonpack.proc)
+    pss_kb_end: int = 0
     server_regions: list[str] = field(default_factory=list)
     regions_left: list[str] = field(default_factory=list)
     processes_left: list[int] = field(default_factory=list)
@@ -89,18 +91,23 @@ class SoakReport:
     def unique_growth(self) -> float:
         return self.unique_kb_end / max(self.unique_kb_after_warmup, 1) - 1.0
 
+    @property
+    def pss_growth(self) -> float:
+        return self.pss_kb_end / max(self.pss_kb_after_warmup, 1) - 1.0
+
     def summary(self) -> str:
         return (f"{self.ensemble}: {self.requests} requests ({self.hostile} hostile) in {self.duration_s:.0f}s, "
                 f"{len(self.valid_failures)} valid failed, {len(self.hostile_unexpected)} hostile unexpected; "
                 f"RSS {self.rss_kb_after_warmup / 1024:.0f} → {self.rss_kb_end / 1024:.0f} MiB "
-                f"({self.rss_growth:+.1%}; shared memory counted once {self.unique_growth:+.1%}); "
+                f"({self.rss_growth:+.1%}; shared memory counted once {self.unique_growth:+.1%}, "
+                f"PSS {self.pss_growth:+.1%}); "
                 f"/dev/shm regions {self.shm_regions_before} before, "
                 f"{self.shm_regions_after} after ({len(self.regions_left)} of ours left); "
                 f"{len(self.processes_left)} processes left")
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self) | {"rss_growth": self.rss_growth, "unique_growth": self.unique_growth},
-                          indent=2)
+        growth = {"rss_growth": self.rss_growth, "unique_growth": self.unique_growth, "pss_growth": self.pss_growth}
+        return json.dumps(asdict(self) | growth, indent=2)
 
 
 # A bf16 encoder's answer depends slightly on which requests share its pack (measured ≤ 9e-4 on L2-normalised
@@ -126,67 +133,24 @@ def image_workload(ensemble: str, pool: int = 16, seed: int = 0) -> Workload:
     return Workload(ensemble, valid, hostile.image_cases(hostile.sample_jpeg()))
 
 
-def rss_kb(pids) -> dict[int, int]:
-    sizes = {}
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    sizes[pid] = int(line.split()[1])
-        except OSError:
-            continue
-    return sizes
+def memory(pids) -> dict[str, dict[str, int]]:
+    """`name[pid]` → resident memory and its parts in kB (`tritonpack.proc.Memory`)."""
+    return {name: asdict(m) for name, m in proc.memory_by_process(pids).items()}
 
 
-MEMORY_FIELDS = ("VmRSS", "RssAnon", "RssFile", "RssShmem")
-
-
-def memory_kb(pids) -> dict[str, dict[str, int]]:
-    """`name[pid]` → VmRSS and its parts (anonymous, file-backed, shared memory) in kB."""
-    out = {}
-    for pid in pids:
-        try:
-            lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-        except OSError:
-            continue
-        values = {line.split(":")[0]: int(line.split()[1]) for line in lines if line.split(":")[0] in MEMORY_FIELDS}
-        out[f"{process_name(pid)}[{pid}]"] = values
-    return out
-
-
-def unique_kb(memory: dict[str, dict[str, int]], regions) -> int:
+def unique_kb(memory_by_name: dict[str, dict[str, int]], regions) -> int:
     """Private memory of every process plus the shared-memory regions' resident pages, each counted once
-    (summed VmRSS counts a python stub's region twice: in the stub and in tritonserver)."""
-    private = sum(m.get("RssAnon", 0) + m.get("RssFile", 0) for m in memory.values())
-    shared = 0
-    for region in regions:
-        try:
-            shared += os.stat(f"/dev/shm/{region}").st_blocks * 512 // 1024  # tmpfs: pages touched
-        except OSError:
-            continue
-    return private + shared
+    (summed RSS counts a python stub's region twice: in the stub and in tritonserver)."""
+    return sum(m["anonymous"] + m["file"] for m in memory_by_name.values()) + proc.shm_resident_kb(regions)
+
+
+def total(memory_by_name: dict[str, dict[str, int]], figure: str) -> int:
+    return sum(m[figure] for m in memory_by_name.values())
 
 
 def stub_regions(pids) -> set[str]:
     """The /dev/shm region names our python stubs were started with (their command lines name them)."""
-    regions = set()
-    for pid in pids:
-        try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        regions.update(a.decode() for a in args if a.startswith(b"triton_python_backend_shm_region"))
-    return regions
-
-
-def process_name(pid: int) -> str:
-    try:
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return str(pid)
-    if b"triton_python_backend_stub" in args[0] and len(args) > 1:
-        return f"stub:{Path(args[1].decode()).parent.parent.name}"
-    return Path(args[0].decode()).name
+    return set().union(*(proc.stub_shm_regions(proc.command_line(pid)) for pid in pids))
 
 
 def outputs(text: str) -> dict[str, np.ndarray]:
@@ -274,8 +238,9 @@ def soak(repository: Path, workload: Workload, requests: int = 10_000, concurren
             runner.run([("hostile", i) for i in range(len(workload.hostile))])
             runner.run(plan_requests(workload, warmup, 0.0, seed + 1))
             report.server_regions = sorted(stub_regions(server.process_group_pids()))
-            report.rss_kb_after_warmup = sum(rss_kb(server.process_group_pids()).values())
-            report.memory_after_warmup = memory_kb(server.process_group_pids())
+            report.memory_after_warmup = memory(server.process_group_pids())
+            report.rss_kb_after_warmup = total(report.memory_after_warmup, "rss")
+            report.pss_kb_after_warmup = total(report.memory_after_warmup, "pss")
             report.unique_kb_after_warmup = unique_kb(report.memory_after_warmup, report.server_regions)
             plan = plan_requests(workload, requests, hostile_fraction, seed)
             start = time.monotonic()
@@ -286,15 +251,14 @@ def soak(repository: Path, workload: Workload, requests: int = 10_000, concurren
                     setattr(report, kind, getattr(report, kind) + 1)
                     if problem:
                         (report.valid_failures if kind == "valid" else report.hostile_unexpected).append(problem)
-                report.rss_kb_samples.append(sum(rss_kb(server.process_group_pids()).values()))
+                report.rss_kb_samples.append(total(memory(server.process_group_pids()), "rss"))
                 if progress:
                     progress(f"{report.requests}/{requests} requests, {time.monotonic() - start:.0f}s, "
                              f"RSS {report.rss_kb_samples[-1] / 1024:.0f} MiB")
             report.duration_s = time.monotonic() - start
-            sizes = rss_kb(server.process_group_pids())
-            report.rss_kb_end = sum(sizes.values())
-            report.rss_kb_by_process_end = {f"{process_name(p)}[{p}]": kb for p, kb in sizes.items()}
-            report.memory_end = memory_kb(server.process_group_pids())
+            report.memory_end = memory(server.process_group_pids())
+            report.rss_kb_end = total(report.memory_end, "rss")
+            report.pss_kb_end = total(report.memory_end, "pss")
             report.unique_kb_end = unique_kb(report.memory_end, stub_regions(server.process_group_pids()))
         finally:
             runner.close()
@@ -303,24 +267,10 @@ def soak(repository: Path, workload: Workload, requests: int = 10_000, concurren
         stopping = time.monotonic()
         server.stop()
         report.stop_s = time.monotonic() - stopping
-    report.processes_left = group_members(pgid) if pgid else []
+    report.processes_left = proc.group_members(pgid) if pgid else []
     report.regions_left = sorted(set(report.server_regions) & hostile.shm_regions())
     report.shm_regions_after = len(hostile.shm_regions())
     return report
-
-
-def group_members(pgid: int) -> list[int]:
-    """Every process (zombies included) still in process group `pgid`."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid:  # fields after the command: state, ppid, pgrp, …
-                members.append(int(entry.name))
-    return members
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,20 +1,26 @@
-"""P5 of `tritonpack bench`: served `resnet_pt` ÷ DALI + torch in-process; DALI CPU preprocessing ÷ PIL/numpy.
+"""Served `resnet_pt` ÷ the same DALI pipeline and TorchScript in-process; DALI CPU preprocessing ÷ PIL/numpy.
 
-The in-process side is what a user would run without a server: the same serialized DALI pipeline and the same
-TorchScript file, batch by batch. The PIL/numpy side reproduces the pipeline's recipe (decode, resize the
-shorter side to 256 with antialiasing, center-crop 224, ImageNet mean/std, CHW) with PIL and numpy.
+The in-process side is what a user would run without a server: the repository's serialized DALI pipeline and
+TorchScript classifier, batch by batch. The PIL/numpy side reproduces the pipeline's recipe (decode, resize the
+shorter side to 256 with antialiasing, center-crop 224, ImageNet mean/std, CHW). The served side sends one image
+per request from 8 concurrent clients.
 """
 
 from __future__ import annotations
 
 import io
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
-from tritonpack.bench import Run, ServedClient, ServedSide, alternate, ratio_summary, side_summary
+from benchmarks import goals
+from benchmarks.meters import Run, alternate, ratio_summary, side_summary
+from benchmarks.sides import ConcurrentClients
 
 BATCH = 8  # in-process batch; the served side sends one image per request at concurrency BATCH
+MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32) * 255
+STD = np.array([0.229, 0.224, 0.225], dtype=np.float32) * 255
 
 
 def images(n: int, seed: int = 5) -> list[bytes]:
@@ -35,8 +41,14 @@ def images(n: int, seed: int = 5) -> list[bytes]:
     return out
 
 
-class ImageClient(ServedClient):
-    def embed(self, encoded: list[bytes]) -> np.ndarray:
+class ImageClient:
+    def __init__(self, url: str, model: str):
+        import tritonclient.http as client_module
+
+        self.module, self.model = client_module, model
+        self.client = client_module.InferenceServerClient(url)
+
+    def embed(self, encoded: Sequence[bytes]) -> np.ndarray:
         longest = max(len(b) for b in encoded)
         values = np.zeros((len(encoded), longest), dtype=np.uint8)
         for row, b in zip(values, encoded):
@@ -46,12 +58,11 @@ class ImageClient(ServedClient):
         output = self.module.InferRequestedOutput("SCORES")
         return self.client.infer(self.model, [tensor], outputs=[output]).as_numpy("SCORES")
 
+    def close(self) -> None:
+        self.client.close()
 
-class ImageServedSide(ServedSide):
-    client_class = ImageClient
 
-
-class DirectSide:
+class DaliTorchInProcess:
     """The repository's serialized DALI pipeline and TorchScript classifier, called in-process."""
 
     def __init__(self, repository, name: str):
@@ -79,21 +90,13 @@ class DirectSide:
         with self.torch.inference_mode():
             return self.model(self.torch.from_numpy(pixels)).numpy()
 
-    def run(self, batches: list[list[bytes]]) -> Run:
+    def run(self, batches: list[list[bytes]], classify: bool = True) -> Run:
         start = time.perf_counter()
         for batch in batches:
-            self.classify(self.preprocess(batch))
+            pixels = self.preprocess(batch)
+            if classify:
+                self.classify(pixels)
         return Run(sum(len(b) for b in batches), time.perf_counter() - start)
-
-    def run_preprocess(self, batches: list[list[bytes]]) -> Run:
-        start = time.perf_counter()
-        for batch in batches:
-            self.preprocess(batch)
-        return Run(sum(len(b) for b in batches), time.perf_counter() - start)
-
-
-MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32) * 255
-STD = np.array([0.229, 0.224, 0.225], dtype=np.float32) * 255
 
 
 def pil_preprocess(encoded: bytes) -> np.ndarray:
@@ -118,36 +121,37 @@ def run_pil(batches: list[list[bytes]]) -> Run:
 
 
 def measure(bench) -> dict:
-    """P5 for `bench` (a tritonpack.bench.Bench): builds resnet_pt (portable), serves it, alternates sides."""
+    """Builds resnet_pt (portable, random weights), serves it, alternates the sides."""
     s = bench.settings
-    count = 4 if s.mode == "smoke" else 24
+    count = 4 if s.mode == "smoke" else 16
     encoded = images(count, s.seed)
     batches = [encoded[i:i + BATCH] for i in range(0, count, BATCH)]
     singles = [[b] for b in encoded]
     built = bench.build_variant("resnet_pt", name="resnet_pt")
-    direct = DirectSide(built.repository, "resnet_pt")
+    direct = DaliTorchInProcess(built.repository, "resnet_pt")
     direct.run(batches[:1])
     direct_pre = direct.preprocess(encoded[:4])
     pil_pre = np.stack([pil_preprocess(b) for b in encoded[:4]])
     server = bench.serve(built.repository)
-    served = ImageServedSide(server, "resnet_pt", s.protocol)
+    served = ConcurrentClients(lambda: ImageClient(server.url, "resnet_pt"))
     try:
-        served.run(singles[:BATCH], BATCH)
-        bench.log("P5 served resnet_pt (1 image/request, c=8) ÷ DALI + torch in-process (batch 8)")
-        runs = alternate({"direct": lambda: direct.run(batches), "served": lambda: served.run(singles, BATCH)},
-                         s.repetitions, bench.log)
-        bench.log("P5 DALI CPU preprocessing ÷ PIL/numpy (batches of 8)")
-        pre = alternate({"dali": lambda: direct.run_preprocess(batches), "pil": lambda: run_pil(batches)},
+        served.send(singles[:BATCH], BATCH)
+        bench.log("served resnet_pt (1 image/request, c=8) ÷ DALI + torch in-process (batch 8)")
+        runs = alternate({"in-process": lambda: direct.run(batches),
+                          "served": lambda: served.send(singles, BATCH)[0]}, s.repetitions, bench.log)
+        bench.log("DALI CPU preprocessing ÷ PIL/numpy (batches of 8)")
+        pre = alternate({"dali": lambda: direct.run(batches, classify=False), "pil": lambda: run_pil(batches)},
                         s.repetitions, bench.log)
     finally:
         served.close()
         bench.stop_server(server)
     return {
-        "available": True, "images": count, "batch": BATCH, "unit": "images/s",
-        "served": side_summary(runs["served"], "images/s"), "direct": side_summary(runs["direct"], "images/s"),
-        "served_vs_direct": ratio_summary(runs["served"], runs["direct"], 0.85),
+        "images": count, "batch": BATCH, "unit": "images/s",
+        "served": side_summary(runs["served"], "images/s"), "in_process": side_summary(runs["in-process"], "images/s"),
+        "served_over_in_process": ratio_summary(runs["served"], runs["in-process"],
+                                                goals.SERVED_RESNET_OVER_IN_PROCESS),
         "dali": side_summary(pre["dali"], "images/s"), "pil": side_summary(pre["pil"], "images/s"),
-        "dali_vs_pil": ratio_summary(pre["dali"], pre["pil"], None),
+        "dali_over_pil": ratio_summary(pre["dali"], pre["pil"]),
         "dali_vs_pil_abs_diff": {"max": float(np.abs(direct_pre - pil_pre).max()),
                                  "mean": float(np.abs(direct_pre - pil_pre).mean())},
         "weights": "random (no pretrained ResNet-50 weights are reachable here); the compute is the same",

@@ -1,0 +1,171 @@
+"""Cold start, memory per loaded model and sizes, through the local multi-model endpoint (`tritonpack.mme.LocalMME`:
+gateway → Triton's SageMaker front-end), as SageMaker's MME would load the bert tarball.
+
+- Cold start: a fresh endpoint (tritonserver already up, empty disk cache) → the first invocation of the tarball
+  answered: extraction, `POST /models`, the python stubs starting, the first request.
+- Memory: copies of the tarball under different names in one models folder; 1, 4 and 8 of them loaded (each invoked
+  once, then a few hundred requests spread over the loaded copies), then the PSS of tritonserver and all its stubs
+  summed: each page the group maps is counted once, however many of its processes share it (the python backend's
+  /dev/shm regions are mapped by tritonserver and by a stub; libraries by every stub). Library pages also mapped by
+  processes outside the group (another Python using the same .venv) are charged partly to those, so the sum is a
+  little lower on a busy machine than in a container of its own. The gateway runs in the bench process and is not
+  counted, as SageMaker's platform is not in the container.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from benchmarks import corpus, goals
+from tritonpack import proc
+
+MB = 1024  # kB per MB (MiB)
+
+
+def copies(tarball: Path, folder: Path, n: int) -> list[str]:
+    """`n` targets in `folder`: the tarball and n-1 copies under other names (hard links where possible)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    names = [tarball.name] + [tarball.name.replace(".tar.gz", f"-copy{i}.tar.gz") for i in range(2, n + 1)]
+    for name in names:
+        try:
+            os.link(tarball, folder / name)
+        except OSError:
+            shutil.copy2(tarball, folder / name)
+    return names
+
+
+def invoke(url: str, target: str, text: str) -> float:
+    from tritonpack.payloads import text_payload
+
+    payload = text_payload([text], "json")
+    request = urllib.request.Request(f"{url}/endpoints/bench/invocations", data=payload.body, method="POST",
+                                     headers={"Content-Type": payload.content_type,
+                                              "X-Amzn-SageMaker-Target-Model": target})
+    start = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=300) as response:
+        json.loads(response.read())
+    return time.perf_counter() - start
+
+
+def group_memory(server) -> dict:
+    """Summed PSS and RSS of tritonserver and its stubs (MB), and PSS by process kind."""
+    memory = proc.memory_by_process(server.process_group_pids())
+    kinds: dict[str, dict] = {}
+    for name, m in memory.items():
+        kind = kinds.setdefault(name.rsplit("[", 1)[0], {"processes": 0, "pss_mb": 0.0})
+        kind["processes"] += 1
+        kind["pss_mb"] += m.pss / MB
+    return {"pss_mb": sum(m.pss for m in memory.values()) / MB, "rss_mb": sum(m.rss for m in memory.values()) / MB,
+            "private_mb": sum(m.private for m in memory.values()) / MB, "processes": len(memory), "by_kind": kinds}
+
+
+def settle(server, quiet_s: float = 3.0, timeout_s: float = 120.0) -> None:
+    """Wait until the server's process group stops changing (stubs replaced by a reload take seconds to exit)."""
+    deadline = time.monotonic() + timeout_s
+    members, since = set(server.process_group_pids()), time.monotonic()
+    while time.monotonic() - since < quiet_s and time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = set(server.process_group_pids())
+        if now != members:
+            members, since = now, time.monotonic()
+
+
+def available_mb() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / MB
+    return float("inf")
+
+
+def loaded_ladder(bench, mme, targets: list[str], texts: list[str]) -> dict:
+    """Load the targets in steps (1, 4, 8 …; the first is loaded already), serve traffic, let the group settle,
+    measure. `stub_processes_started` counts every stub pid seen: Triton 2.51 reloads the models already loaded
+    when another is loaded (3 stubs per bert copy when nothing is reloaded), so loading the k-th copy briefly holds
+    about 2k-1 copies' memory; the ladder stops where the machine has less than that free."""
+    s, server = bench.settings, mme.triton.server
+    steps, first_answer_s, loaded, stopped = {}, {targets[0]: None}, 1, None
+    for n in s.loaded_copies:
+        for k, target in enumerate(targets[loaded:n], start=loaded + 1):
+            per_model = steps[str(loaded)]["pss_mb"] / loaded if steps else 600.0
+            if available_mb() < k * per_model:
+                stopped = f"stopped before loading copy {k}: {available_mb():.0f} MB available, ~{per_model:.0f} MB " \
+                          "per loaded copy"
+                break
+            first_answer_s[target] = invoke(mme.url, target, texts[0])
+            server.stub_models()  # remember the stub pids, before a reload replaces them
+        if stopped:
+            break
+        loaded = n
+        work = [(targets[i % n], texts[i % len(texts)]) for i in range(s.requests_per_step)]
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda item: invoke(mme.url, *item), work))
+        settle(server)
+        steps[str(n)] = group_memory(server) | {"stub_processes_started": len(server.stub_models())}
+        bench.log(f"    {n} loaded: PSS {steps[str(n)]['pss_mb']:.0f} MB (RSS summed {steps[str(n)]['rss_mb']:.0f} MB)")
+    return {"steps": steps, "first_answer_s_by_target": first_answer_s, "stopped": stopped}
+
+
+def summarize_memory(server_only: dict, ladder: dict) -> dict:
+    steps = ladder["steps"]
+    counts = sorted(int(n) for n in steps)
+    one, most = steps[str(counts[0])]["pss_mb"], steps[str(counts[-1])]["pss_mb"]
+    per_additional = (most - one) / (counts[-1] - counts[0]) if counts[-1] > counts[0] else None
+    return {"server_only": server_only, **ladder,
+            "one_model_total_pss_mb": one, "first_model_pss_mb": one - server_only["pss_mb"],
+            "per_additional_model_pss_mb": per_additional,
+            "models_per_gb": 1024 / per_additional if per_additional else None,
+            "target_one_model_mb": goals.ONE_MODEL_PSS_MB, "met": one <= goals.ONE_MODEL_PSS_MB}
+
+
+def measure(bench, tarball: Path) -> dict:
+    from tritonpack.mme import LocalMME
+
+    s = bench.settings
+    texts = [x.text for x in corpus.corpus(64, s.seed)]
+    folder = bench.out / "mme-models"
+    targets = copies(tarball, folder, max(s.loaded_copies))
+    cold, memory = [], None
+    for rep in range(s.cold_starts):
+        with tempfile.TemporaryDirectory(prefix="benchmarks-mme-") as cache:
+            mme = LocalMME(str(folder), port=0, cache_dir=Path(cache), max_models=len(targets),
+                           triton_log=bench.out / "logs" / f"mme-{rep}.log")
+            started = time.perf_counter()
+            with mme:
+                server_start = time.perf_counter() - started
+                server_only = group_memory(mme.triton.server) if rep == 0 else None
+                first, warm = invoke(mme.url, targets[0], texts[0]), invoke(mme.url, targets[0], texts[1])
+                cold.append({"server_start_s": server_start, "first_answer_s": first, "warm_answer_s": warm})
+                bench.log(f"    cold start {rep + 1}: tarball → first answer {first:.2f}s "
+                          f"(server start {server_start:.1f}s, warm {1000 * warm:.0f} ms)")
+                if rep == 0:
+                    memory = summarize_memory(server_only, loaded_ladder(bench, mme, targets, texts))
+    shutil.rmtree(folder, ignore_errors=True)
+    first = statistics.median(r["first_answer_s"] for r in cold)
+    return {
+        "via": "tritonpack.mme.LocalMME (gateway → Triton 2.51 SageMaker front-end)", "tarball": str(tarball),
+        "cold_start": {"first_answer_s_median": first, "runs": cold, "target_s": goals.COLD_START_S,
+                       "met": first <= goals.COLD_START_S},
+        "memory": memory,
+    }
+
+
+def sizes(bench, tarball: Path) -> dict:
+    """The bert tarball and the packed environments in dist/envs (made by `make env`)."""
+    envs_dir = Path(bench.settings.dist) / "envs"
+    envs = {str(p.relative_to(envs_dir)): p.stat().st_size for p in sorted(envs_dir.rglob("*"))
+            if p.is_file() and p.name.endswith((".tar.gz", ".tgz", ".tar"))} if envs_dir.is_dir() else {}
+    text_envs = [size for name, size in envs.items() if "text" in name]
+    tarball_mb = tarball.stat().st_size / 2**20
+    return {"tarball": tarball.name, "tarball_mb": tarball_mb, "tarball_target_mb": goals.TARBALL_MB,
+            "tarball_met": tarball_mb <= goals.TARBALL_MB, "envs_bytes": envs,
+            "envs_note": None if envs else f"{envs_dir} has no packed environments (run `make env`)",
+            "text_env_mb": max(text_envs) / 2**20 if text_envs else None, "text_env_target_mb": goals.TEXT_ENV_MB}

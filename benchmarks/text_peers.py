@@ -1,0 +1,203 @@
+"""Served bert side by side with its peers, in one run, on the same corpus.
+
+Peers: sentence-transformers in-process (torch, OpenVINO, ONNX backends, batch 64; torch also at its default 32 and
+on one thread) and infinity-emb served on loopback. In-process peers embed each workload in one `encode` call;
+served sides (tritonpack and infinity-emb) get one sentence per request from c concurrent clients, c = 1, 4, 8, 16,
+32. Throughput by concurrency on the mixed corpus, by length bucket at c=8 (torch's variants on the mixed corpus
+only), p50/p99 latency; cosine to sentence-transformers torch.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import corpus, goals, peers
+from benchmarks.meters import alternate, ratio_summary, side_summary
+from benchmarks.sides import PeerWorker, SentenceTransformersSide, ServedSide, Side, cosine_min, served_tritonpack
+
+REFERENCE = "st_torch_b64"
+SERVED = "tritonpack"
+GOAL_RATIOS = {"st_openvino_b64": goals.SERVED_OVER_ST_OPENVINO_C8, "st_torch_b64": goals.SERVED_OVER_ST_TORCH_C8,
+               "infinity": goals.SERVED_OVER_SERVED_PEER_C8}
+
+
+def peer_env_ready(bench, env: peers.PeerEnv, skipped: dict) -> bool:
+    root, mode = bench.peers_root, bench.settings.peers
+    if mode == "none":
+        skipped[env.name] = "left out: peers in their own venvs run in full mode (`make bench`) or with --peers"
+        return False
+    if env.ready(root):
+        return True
+    if mode != "all":
+        skipped[env.name] = f"its venv ({env.folder(root)}) is not made; `make bench` makes it once (minutes)"
+        return False
+    bench.log(f"  making the {env.name} peer venv in {env.folder(root)} (first run only; minutes)")
+    try:
+        env.create(root, bench.out / "logs" / f"venv-{env.name}.log")
+        return True
+    except Exception as e:  # noqa: BLE001 - a peer that cannot be installed is reported, the others still run
+        skipped[env.name] = f"venv creation failed ({type(e).__name__}: {e}); log: logs/venv-{env.name}.log"
+        return False
+
+
+def worker_side(bench, python: Path, backend: str, environment: str, export_dir: Path | None) -> Side:
+    log = bench.out / "logs" / f"st-{backend}.log"
+    worker = PeerWorker(python, backend, corpus.model_path(), export_dir, environment, log)
+    return SentenceTransformersSide(worker, bench.settings.peer_batch_size)
+
+
+def start_infinity(bench, engine: str, texts: list[str], versions: dict) -> ServedSide:
+    root, s = bench.peers_root, bench.settings
+    log = bench.out / "logs" / "infinity.log"
+    folder = peers.onnx_model_folder(root, corpus.model_path(), log) if engine == "optimum" else corpus.model_path()
+    server = peers.InfinityServer(root, engine, folder, log, s.peer_batch_size).start()
+    side = ServedSide("infinity", f"served infinity-emb ({engine})",
+                      lambda: peers.OpenAIEmbeddingsClient(server.port, peers.InfinityServer.MODEL_NAME),
+                      {"server": f"infinity_emb v2, engine {engine}", "engine": engine,
+                       "batch_size": s.peer_batch_size, "versions": versions,
+                       "client": "http.client keep-alive, POST /embeddings (OpenAI API)"}, stop=server.stop)
+    try:
+        side.run(texts[:32], 8)  # warm-up
+    except BaseException:
+        side.close()
+        raise
+    return side
+
+
+def infinity_side(bench, texts: list[str]) -> ServedSide:
+    """infinity-emb with the fastest of its CPU engines that start here (each tried at c=8 on the corpus)."""
+    versions = peers.INFINITY.versions(bench.peers_root)
+    tried: dict[str, dict] = {}
+    started: list[ServedSide] = []
+    try:
+        for engine in bench.settings.infinity_engines:
+            try:
+                started.append(start_infinity(bench, engine, texts, versions))
+                tried[engine] = {"started": True}
+            except Exception as e:  # noqa: BLE001 - an engine that does not start is recorded; the next is tried
+                tried[engine] = {"started": False, "error": f"{type(e).__name__}: {e}"}
+        if not started:
+            raise RuntimeError(f"no engine started: {tried}")
+        if len(started) > 1:
+            for side in started:
+                tried[side.details["engine"]]["probe_c8_sentences_per_s"] = side.run(texts, 8).per_second
+            started.sort(key=lambda side: -tried[side.details["engine"]]["probe_c8_sentences_per_s"])
+            bench.log(f"  infinity-emb engines at c=8: {tried}")
+    except BaseException:
+        for side in started:
+            side.close()
+        raise
+    for slower in started[1:]:
+        slower.close()
+    started[0].details["engines_tried"] = tried
+    return started[0]
+
+
+def add_peer(sides: list[Side], skipped: dict, name: str, make) -> None:
+    """Add the side `make()` returns; a peer that fails to start is reported, the others still run."""
+    try:
+        sides.append(make())
+    except Exception as e:  # noqa: BLE001 - recorded in the report
+        skipped[name] = f"did not start: {type(e).__name__}: {e}"
+
+
+def make_sides(bench, server, texts: list[str], sides: list[Side]) -> dict[str, str]:
+    """Fill `sides` (the caller closes them, also when this fails); returns the peers left out and why."""
+    s, skipped, root = bench.settings, {}, bench.peers_root
+    torch_side = worker_side(bench, Path(sys.executable), "torch", ".venv", None)
+    sides.append(torch_side)
+    if s.st_variants:  # torch's default batch; one thread, which other processes' load hurts less
+        sides += [torch_side.variant(32), torch_side.variant(s.peer_batch_size, torch_threads=1)]
+    if peer_env_ready(bench, peers.ST_OPENVINO, skipped):
+        add_peer(sides, skipped, "st-openvino", lambda: worker_side(
+            bench, peers.ST_OPENVINO.python(root), "openvino", f"venv {peers.ST_OPENVINO.name}",
+            peers.ST_OPENVINO.folder(root) / "exports" / "openvino"))
+    if peer_env_ready(bench, peers.INFINITY, skipped):
+        add_peer(sides, skipped, "st-onnx", lambda: worker_side(
+            bench, peers.INFINITY.python(root), "onnx", f"venv {peers.INFINITY.name}",
+            peers.INFINITY.folder(root) / "exports" / "onnx"))
+        add_peer(sides, skipped, "infinity", lambda: infinity_side(bench, texts))
+    sides.append(served_tritonpack(server, bench.served_repository))
+    return skipped
+
+
+def cosines(sides: list[Side], held_out: list[corpus.Sentence]) -> dict:
+    """Min cosine of each side's embeddings to sentence-transformers torch, within 256 tokens and beyond."""
+    texts = [x.text for x in held_out]
+    truncated = np.array([x.tokens > corpus.MAX_TOKENS for x in held_out])
+    vectors = {side.key: side.embed(texts) for side in sides}
+    reference = vectors[REFERENCE]
+    out = {}
+    for key, v in vectors.items():
+        within = cosine_min(v[~truncated], reference[~truncated])
+        beyond = cosine_min(v[truncated], reference[truncated]) if truncated.any() else None
+        out[key] = {"within_256_tokens": within, "beyond_256_tokens": beyond,
+                    "min": min(x for x in (within, beyond) if x is not None)}
+    return out
+
+
+def task_name(side: Side, c: int | None) -> str:
+    """`tritonpack c=8` in the by-concurrency runs; the side's key alone where each side runs at one setting."""
+    return f"{side.key} c={c}" if side.served and c is not None else side.key
+
+
+def tasks(sides: list[Side], texts: list[str], concurrencies, named_by_c: bool = True) -> dict:
+    out = {}
+    for side in sides:
+        for c in concurrencies if side.served else (1,):
+            out[task_name(side, c if named_by_c else None)] = lambda side=side, c=c: side.run(texts, c)
+    return out
+
+
+def ratios(runs: dict, sides: list[Side], c: int | None) -> dict:
+    """Served tritonpack ÷ every other side measured (in-process peers at their batch, served peers at the same c);
+    with the goals at c=8."""
+    ours = next(side for side in sides if side.key == SERVED)
+    out = {}
+    for side in sides:
+        theirs = runs.get(task_name(side, c))
+        if side is ours or theirs is None:  # a variant is measured on the mixed corpus only
+            continue
+        out[side.key] = ratio_summary(runs[task_name(ours, c)], theirs, GOAL_RATIOS.get(side.key) if c == 8 else None)
+    return out
+
+
+def summaries(runs: dict) -> dict:
+    return {name: side_summary(r) for name, r in runs.items()}
+
+
+def measure(bench, server) -> dict:
+    s = bench.settings
+    timed = corpus.corpus(s.sentences, s.seed)
+    texts = [x.text for x in timed]
+    sides: list[Side] = []
+    try:
+        skipped = make_sides(bench, server, texts, sides)
+        bench.log("peers: cosine to sentence-transformers torch on held-out sentences")
+        cos = cosines(sides, corpus.held_out(s.held_out, s.seed))
+        for side in sides:  # warm every side (arenas, kernels, connections)
+            side.run(texts[:64], max(s.concurrencies))
+        bench.log("peers side by side, mixed corpus, by concurrency")
+        by_c = alternate(tasks(sides, texts, s.concurrencies), s.repetitions, bench.log)
+        by_bucket = {}
+        for name, group in corpus.by_bucket(timed).items():
+            bench.log(f"peers side by side, {name} tokens ({len(group)} sentences), c={s.bucket_concurrency}")
+            by_bucket[name] = alternate(tasks([x for x in sides if not x.is_variant], [x.text for x in group],
+                                              (s.bucket_concurrency,), named_by_c=False), s.repetitions, bench.log)
+    finally:
+        for side in sides:
+            side.close()
+    return {
+        "how": "in-process sides: one encode call over the workload at their batch size; served sides: c clients, "
+               "one sentence per request",
+        "sides": {side.key: side.describe() for side in sides}, "skipped": skipped,
+        "corpus": corpus.describe(timed), "cosine_to_st_torch": cos,
+        "by_concurrency": summaries(by_c),
+        "ratios_by_concurrency": {str(c): ratios(by_c, sides, c) for c in s.concurrencies},
+        "by_bucket": {name: summaries(runs) for name, runs in by_bucket.items()},
+        "ratios_by_bucket": {name: ratios(runs, sides, None) for name, runs in by_bucket.items()},
+        "bucket_concurrency": s.bucket_concurrency,
+    }

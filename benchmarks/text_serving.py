@@ -1,0 +1,114 @@
+"""What serving costs: served bert ÷ its own encoder called in-process, and dynamic batching on ÷ off.
+
+The in-process side is the served encoder without Triton: the repository's own encoder file, runtime, precision
+and session options, run through the same runner code (packing or length grouping), plus tokenization and pooling
+unless the encoder pools. Both sides get the same requests of 32 sentences.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import corpus, goals
+from benchmarks.meters import Run, alternate, ratio_summary, side_summary
+from benchmarks.sides import encoder_settings, served_tritonpack
+from tritonpack import contracts
+from tritonpack.components import load_model_module
+
+
+class SameEncoderInProcess:
+    """The served repository's tokenizer, encoder runner and pooling, called in this process."""
+
+    def __init__(self, repository: Path, model: str = "bert"):
+        from google.protobuf.json_format import MessageToDict
+        from tokenizers import Tokenizer
+
+        from tritonpack.spec import parse_config
+
+        encoder_dir = repository / f"{model}_encoder"
+        config = parse_config((encoder_dir / "config.pbtxt").read_text())
+        params = encoder_settings(repository, model)
+        tokenizer_cfg = parse_config((repository / f"{model}_tokenizer" / "config.pbtxt").read_text())
+        tok_params = {k: v.string_value for k, v in tokenizer_cfg.parameters.items()}
+        self.runtime = f"{params['framework']} {params.get('precision', 'fp32')}" + \
+            (f", packed ≤ {params['max_pack_tokens']} tokens" if "max_pack_tokens" in params else "")
+        runner = load_model_module("framework_runner", "runner_batching")
+        session = load_model_module("framework_runner", f"{params['framework']}_session")
+
+        class InProcessRunner(runner.FrameworkRunnerModel):
+            def open_session(self, path, params):
+                return session.open_session(path, params)
+
+        self.runner = InProcessRunner()
+        self.runner.initialize({"model_config": json.dumps(MessageToDict(config, preserving_proto_field_name=True)),
+                                "model_repository": str(encoder_dir), "model_version": "1"})
+        self.pool = load_model_module("mean_pooling", "pooling").mean_pool
+        self.tokenizer = Tokenizer.from_file(str(repository / f"{model}_tokenizer" / "1" / "tokenizer.json"))
+        self.tokenizer.enable_truncation(int(tok_params["max_sequence_length"]))
+        self.tokenizer.enable_padding(pad_id=self.tokenizer.token_to_id(tok_params["pad_token"]),
+                                      pad_token=tok_params["pad_token"])
+
+    def embed(self, sentences: list[str]) -> np.ndarray:
+        encodings = self.tokenizer.encode_batch(sentences)
+        item = {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+                "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+                "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
+        item = {n: item[n] for n in self.runner.input_names}
+        result = self.runner._run([item])[0]
+        if contracts.TEXT.output in result:  # the encoder pools itself
+            return result[contracts.TEXT.output]
+        return self.pool(result["token_embeddings"], item["attention_mask"], True)
+
+    def run(self, requests: list[list[str]]) -> Run:
+        latencies = []
+        start = time.perf_counter()
+        for batch in requests:
+            t = time.perf_counter()
+            self.embed(batch)
+            latencies.append(1000 * (time.perf_counter() - t))
+        return Run(sum(len(b) for b in requests), time.perf_counter() - start, latencies)
+
+
+def served_over_same_encoder(bench, server) -> dict:
+    s = bench.settings
+    texts = [x.text for x in corpus.corpus(s.sentences, s.seed)]
+    requests = [texts[i:i + s.request_batch] for i in range(0, len(texts), s.request_batch)]
+    in_process = SameEncoderInProcess(bench.served_repository)
+    served = served_tritonpack(server, bench.served_repository)
+    try:
+        in_process.run(requests[:1])
+        served.run_requests(requests[:2], 1)
+        bench.log(f"served bert ÷ the same encoder in-process ({in_process.runtime}), "
+                  f"{s.request_batch} sentences per request, c=1")
+        runs = alternate({"in-process": lambda: in_process.run(requests),
+                          "served c=1": lambda: served.run_requests(requests, 1)}, s.repetitions, bench.log)
+    finally:
+        served.close()
+    return {"sentences_per_request": s.request_batch, "concurrency": 1, "encoder": in_process.runtime,
+            "served": side_summary(runs["served c=1"]), "in_process": side_summary(runs["in-process"]),
+            "ratio": ratio_summary(runs["served c=1"], runs["in-process"],
+                                   goals.SERVED_OVER_SAME_ENCODER_32_PER_REQUEST)}
+
+
+def dynamic_batching_on_over_off(bench, server) -> dict:
+    s = bench.settings
+    texts = [x.text for x in corpus.corpus(s.sentences, s.seed)]
+    unbatched = bench.build_variant("no-dynamic-batching", serving=(("dynamic_batching", "false"),))
+    server_off = bench.serve(unbatched.repository)
+    on = served_tritonpack(server, bench.served_repository)
+    off = served_tritonpack(server_off, unbatched.repository)
+    try:
+        off.run(texts[:32], 8)
+        bench.log("dynamic batching on ÷ off, one sentence per request at c=8")
+        runs = alternate({"batching on": lambda: on.run(texts, 8), "batching off": lambda: off.run(texts, 8)},
+                         s.repetitions, bench.log)
+    finally:
+        on.close()
+        off.close()
+        bench.stop_server(server_off)
+    return {"concurrency": 8, "on": side_summary(runs["batching on"]), "off": side_summary(runs["batching off"]),
+            "ratio": ratio_summary(runs["batching on"], runs["batching off"])}

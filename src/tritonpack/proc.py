@@ -1,0 +1,166 @@
+"""What Linux's /proc says about processes: process-group members, CPU time, memory, and the python stubs.
+
+One place for the readings the server (its stubs and their /dev/shm regions), the soak (memory growth) and the
+benchmarks (CPU seconds, PSS) need. A process that exits while it is read is skipped, never an error.
+
+Memory, all in kB:
+- RSS counts every resident page a process maps, so summing RSS over processes that share pages (libraries,
+  the python backend's /dev/shm regions, mapped model files) counts those pages once per process.
+- PSS (proportional set size) charges each shared page to its n sharers 1/n each: the PSS of a process group
+  summed counts every page once, whoever in the group maps it (pages also mapped by processes outside the group,
+  e.g. libraries of another Python, are charged partly to those).
+- private = Private_Clean + Private_Dirty, shared = Shared_Clean + Shared_Dirty (from smaps_rollup); anonymous,
+  file and shmem are the parts of RSS that `status` reports (RssAnon, RssFile, RssShmem).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+SHM = Path("/dev/shm")
+STUB_BINARY = b"triton_python_backend_stub"
+SHM_PREFIX = "triton_python_backend_shm_region"
+_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class ProcessStat:
+    """From /proc/<pid>/stat: state (R, S, Z: zombie, X: dead …), process group, user + system CPU seconds."""
+
+    pid: int
+    state: str
+    group: int
+    cpu_seconds: float
+
+
+def stat(pid: int) -> ProcessStat | None:
+    try:
+        text = (PROC / str(pid) / "stat").read_text()
+        fields = text[text.rindex(")") + 2:].split()  # after the command name: state, ppid, pgrp, …
+        return ProcessStat(pid, fields[0], int(fields[2]), (int(fields[11]) + int(fields[12])) / _TICKS_PER_SECOND)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def pids() -> list[int]:
+    return [int(entry.name) for entry in PROC.iterdir() if entry.name.isdigit()]
+
+
+def processes() -> Iterator[ProcessStat]:
+    """Every process readable in /proc, zombies included."""
+    for pid in pids():
+        if (found := stat(pid)) is not None:
+            yield found
+
+
+def group_members(pgid: int) -> list[int]:
+    """Every process (zombies included) in process group `pgid`."""
+    return [p.pid for p in processes() if p.group == pgid]
+
+
+def group_cpu_seconds(groups: Iterable[int]) -> float:
+    """User + system CPU seconds of the live members of these process groups (exited members are not counted)."""
+    wanted = set(groups)
+    return sum(p.cpu_seconds for p in processes() if p.group in wanted) if wanted else 0.0
+
+
+def command_line(pid: int) -> list[bytes]:
+    """The process's arguments (empty for a zombie or a process that is gone)."""
+    try:
+        return [a for a in (PROC / str(pid) / "cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def stub_model(args: list[bytes]) -> str | None:
+    """The model folder a python backend stub serves, from its command line (`stub <folder>/1/model.py …`)."""
+    if len(args) > 1 and STUB_BINARY in args[0]:
+        return Path(args[1].decode(errors="replace")).parent.parent.name
+    return None
+
+
+def stub_shm_regions(args: list[bytes]) -> set[str]:
+    """The /dev/shm region a python stub's command line names."""
+    return {a.decode() for a in args if a.startswith(SHM_PREFIX.encode())}
+
+
+def mapped_shm_regions(pid: int) -> set[str]:
+    """The python backend's /dev/shm regions process `pid` maps (tritonserver maps every stub's)."""
+    regions = set()
+    with suppress(OSError):
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            name = line.rsplit("/dev/shm/", 1)[-1] if "/dev/shm/" in line else ""
+            if name.startswith(SHM_PREFIX):
+                regions.add(name.removesuffix(" (deleted)"))
+    return regions
+
+
+def process_name(pid: int) -> str:
+    """`stub:<model>` for a python stub, else the program's file name."""
+    args = command_line(pid)
+    if not args:
+        return str(pid)
+    model = stub_model(args)
+    return f"stub:{model}" if model else Path(args[0].decode(errors="replace")).name
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Resident memory of one process in kB (module docstring: what each figure counts)."""
+
+    rss: int
+    pss: int
+    private: int
+    shared: int
+    anonymous: int
+    file: int
+    shmem: int
+
+
+def _kb_fields(path: Path) -> dict[str, int]:
+    values = {}
+    for line in path.read_text().splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if len(parts) == 2 and parts[1] == "kB":
+            values[name] = int(parts[0])
+    return values
+
+
+def memory(pid: int) -> Memory | None:
+    try:
+        status = _kb_fields(PROC / str(pid) / "status")
+        rollup = _kb_fields(PROC / str(pid) / "smaps_rollup")
+    except OSError:
+        return None
+    if "VmRSS" not in status:  # a zombie or a kernel thread
+        return None
+    return Memory(
+        rss=status["VmRSS"], pss=rollup.get("Pss", 0),
+        private=rollup.get("Private_Clean", 0) + rollup.get("Private_Dirty", 0),
+        shared=rollup.get("Shared_Clean", 0) + rollup.get("Shared_Dirty", 0),
+        anonymous=status.get("RssAnon", 0), file=status.get("RssFile", 0), shmem=status.get("RssShmem", 0),
+    )
+
+
+def memory_by_process(members: Iterable[int]) -> dict[str, Memory]:
+    """`name[pid]` → Memory for each process that is still there."""
+    found = {}
+    for pid in members:
+        if (m := memory(pid)) is not None:
+            found[f"{process_name(pid)}[{pid}]"] = m
+    return found
+
+
+def shm_resident_kb(regions: Iterable[str]) -> int:
+    """Pages of these /dev/shm files that are resident (tmpfs allocates a page when it is first touched)."""
+    total = 0
+    for region in regions:
+        with suppress(OSError):
+            total += (SHM / region).stat().st_blocks * 512 // 1024
+    return total
