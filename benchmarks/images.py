@@ -45,18 +45,13 @@ class ImageClient:
     def __init__(self, url: str, model: str):
         import tritonclient.http as client_module
 
-        self.module, self.model = client_module, model
+        self.model = model
         self.client = client_module.InferenceServerClient(url)
 
     def embed(self, encoded: Sequence[bytes]) -> np.ndarray:
-        longest = max(len(b) for b in encoded)
-        values = np.zeros((len(encoded), longest), dtype=np.uint8)
-        for row, b in zip(values, encoded):
-            row[:len(b)] = np.frombuffer(b, dtype=np.uint8)
-        tensor = self.module.InferInput("IMAGE", list(values.shape), "UINT8")
-        tensor.set_data_from_numpy(values)
-        output = self.module.InferRequestedOutput("SCORES")
-        return self.client.infer(self.model, [tensor], outputs=[output]).as_numpy("SCORES")
+        from tritonpack.client import scores
+
+        return scores("", self.model, encoded, client=self.client)
 
     def close(self) -> None:
         self.client.close()
@@ -82,7 +77,9 @@ class DaliTorchInProcess:
         self.torch = torch
 
     def preprocess(self, encoded: list[bytes]) -> np.ndarray:
-        self.pipe.feed_input("IMAGE", [np.frombuffer(b, dtype=np.uint8) for b in encoded])
+        from tritonpack.pipelines.classification import INPUT_NAME  # the pipeline's external_source
+
+        self.pipe.feed_input(INPUT_NAME, [np.frombuffer(b, dtype=np.uint8) for b in encoded])
         out = self.pipe.run()[0]
         return np.stack([np.array(out[i]) for i in range(len(encoded))])
 
