@@ -15,7 +15,7 @@ from tritonpack.ensembles.text import TextServing
 
 TEXT_SERVING_FIELDS = list(TextServing.__dataclass_fields__)
 
-SUBCOMMANDS = ["build", "serve", "check", "infer", "mme", "upload", "deploy", "env"]
+SUBCOMMANDS = ["build", "serve", "check", "infer", "mme", "upload", "deploy", "env", "bench"]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

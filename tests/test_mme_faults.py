@@ -37,10 +37,10 @@ from tests.mme_support import (
     timing,
 )
 from tests.reliability import hostile
-from tests.reliability.soak import group_members
 from tritonpack.mme import LocalMME
 from tritonpack.mme.container import TARGET_HEADER
 from tritonpack.mme.health import FaultPolicy
+from tritonpack.proc import group_members
 
 pytestmark = pytest.mark.server
 aws_env, local_mme = mme_support.aws_env, mme_support.local_mme

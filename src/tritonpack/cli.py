@@ -1,4 +1,4 @@
-"""`tritonpack` command line: build, serve, check, infer, mme, env, upload, deploy."""
+"""`tritonpack` command line: build, serve, check, infer, mme, env, upload, deploy, bench."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -144,6 +145,16 @@ def cmd_infer(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    """The benchmarks live beside the product in a checkout (`benchmarks/`), not in the installed package."""
+    from tritonpack import CARD_ROOT
+
+    if not (CARD_ROOT / "benchmarks" / "__main__.py").is_file():
+        raise UserError("tritonpack bench runs the benchmarks of a repository checkout (benchmarks/ beside src/); "
+                        "clone the repository and run `make bench` there")
+    return subprocess.call([sys.executable, "-m", "benchmarks", *args.options], cwd=CARD_ROOT)
+
+
 def parser() -> argparse.ArgumentParser:
     from tritonpack.components import TARGETS
     from tritonpack.ensembles import NAMES
@@ -199,6 +210,12 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--format", choices=("json", "binary"), default="binary",
                    help="with --mme: request body format (default binary+json)")
     i.set_defaults(func=cmd_infer)
+
+    n = sub.add_parser("bench", help="served bert side by side with its peers, memory, cold start → dist/bench/",
+                       description="Runs `python -m benchmarks` of the checkout (what `make bench` runs); options "
+                                   "after -- go to it, e.g. tritonpack bench -- --mode smoke.")
+    n.add_argument("options", nargs=argparse.REMAINDER, help="options of python -m benchmarks (--help lists them)")
+    n.set_defaults(func=cmd_bench)
 
     for module in COMMAND_MODULES:
         importlib.import_module(module).add_command(sub)
