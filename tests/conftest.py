@@ -80,7 +80,12 @@ def build_ensemble(test_dist):
         options.setdefault("env", False)
         key = (name, target, tuple(sorted(options.items())))
         if key not in built:
-            built[key] = build(BuildRequest(name, target, dist=test_dist, **options))
+            dist = test_dist  # other options get a folder of their own: the same name and target share a path
+            if options != {"env": False}:
+                dist = test_dist / f"options-{len(built)}"
+                dist.mkdir()
+                (dist / "cache").symlink_to(test_dist / "cache")
+            built[key] = build(BuildRequest(name, target, dist=dist, **options))
         return built[key]
 
     return _build

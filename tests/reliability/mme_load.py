@@ -28,8 +28,8 @@ from pathlib import Path
 
 from tests.mme_support import SERVER_KILLER, STUB_KILLER, python_model_tarball, text_body
 from tests.reliability import hostile
-from tests.reliability.soak import group_members
 from tritonpack.mme.metrics import parse_metrics
+from tritonpack.proc import group_members
 from tritonpack.server import free_port
 
 HEALTHY = ("a.tar.gz", "b.tar.gz", "c.tar.gz")
