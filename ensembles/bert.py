@@ -1,8 +1,8 @@
 """`bert`: tokenizer → MiniLM encoder → mean pooling (all-MiniLM-L6-v2 sentence embeddings).
 
 The encoder is a TensorRT plan on `gpu`, ONNX on `cpu` (ONNX Runtime's fused graph on Triton's onnxruntime
-backend, or Triton's openvino backend with `--serving encoder_runtime=openvino`) and on `portable` the packed ONNX
-run by OpenVINO in the python runner, which also mean-pools (docs/performance.md).
+backend, or Triton's openvino backend with `--serving encoder_runtime=openvino`) and on `portable` the packed export
+as OpenVINO IR (weights in fp16) run by OpenVINO in the python runner, which also mean-pools (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ RECIPE = TextRecipe(
         # elsewhere, embeddings within cosine 0.9999 of PyTorch (checked at build); sentences packed into sequences of
         # ≤ 256 real tokens instead of padded batches, mean-pooled inside the graph into 64 fixed sentence slots (no
         # pooling step; memory flat under any traffic); weights stored in fp16 (half the tarball); one encoder
-        # process whose runner spreads each batch's packs over one OpenVINO stream per CPU it may use (threads 0:
-        # chosen at load), instead of one process per core; 500 µs queue delay.
+        # process using every CPU it may (threads 0: chosen at load, one OpenVINO stream per 4 CPUs) instead of one
+        # process per core, which held the weights once per process; 500 µs queue delay.
         "portable": TextServing(max_batch_size=64, encoder_instances=1, encoder_threads=0,
                                 max_queue_delay_microseconds=500, encoder_runtime="openvino",
                                 encoder_precision="bf16", encoder_pack_tokens=256, encoder_pooling=True,

@@ -191,8 +191,9 @@ def test_bert_serves_with_onnxruntime_when_encoder_runtime_is_overridden(test_di
     dist = test_dist / f"bert-onnxruntime-{pack_tokens}"  # its own folder: the default build keeps dist/bert-portable
     dist.mkdir()
     (dist / "cache").symlink_to(test_dist / "cache")
-    serving = (("encoder_runtime", "onnxruntime"), ("encoder_precision", "fp32"), ("encoder_pack_tokens", pack_tokens),
-               ("encoder_pooling", str(pack_tokens != "0")))
+    serving = (("encoder_runtime", "onnxruntime"), ("encoder_precision", "fp32"), ("encoder_weights", "fp32"),
+               ("encoder_pack_tokens", pack_tokens), ("encoder_pooling", str(pack_tokens != "0")),
+               ("encoder_pack_rows", "64" if pack_tokens != "0" else "0"))
     result = build(BuildRequest("bert", "portable", dist=dist, serving=serving))
     params = parse_config((result.repository / "bert_encoder" / "config.pbtxt").read_text()).parameters
     assert params["framework"].string_value == "onnxruntime" and "precision" not in params
