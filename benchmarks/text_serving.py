@@ -46,6 +46,8 @@ class SameEncoderInProcess:
         self.runner = InProcessRunner()
         self.runner.initialize({"model_config": json.dumps(MessageToDict(config, preserving_proto_field_name=True)),
                                 "model_repository": str(encoder_dir), "model_version": "1"})
+        if self.runner.warming is not None:  # pack shapes warm in the background: not timed
+            self.runner.warming.join()
         self.pool = load_model_module("mean_pooling", "pooling").mean_pool
         self.tokenizer = Tokenizer.from_file(str(repository / f"{model}_tokenizer" / "1" / "tokenizer.json"))
         self.tokenizer.enable_truncation(int(tok_params["max_sequence_length"]))

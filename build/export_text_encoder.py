@@ -6,7 +6,8 @@
 - `encoder_torchscript`: the same as TorchScript (pytorch_libtorch).
 - `encoder_fused`: the ONNX with ONNX Runtime's transformer fusions (ONNX Runtime only).
 - `encoder_packed`: several sentences as one sequence (models/framework_runner/packing.py), optionally mean-pooling
-  inside the graph (the portable runner's encoder).
+  inside the graph into a fixed number of sentence slots (the portable runner's encoder).
+- `openvino_ir`: an export as OpenVINO IR (`model.xml` + `model.bin`), its weights stored in 16 bits or 32.
 - `openvino_check`: the cosine of an export run by OpenVINO at a precision on this CPU, against PyTorch.
 
     python -m tritonpack.build.export_text_encoder MODEL_DIR OUT_DIR [--torchscript]
@@ -56,11 +57,15 @@ def _load(model_dir: Path):
     return TokenEmbeddings(model).eval()
 
 
-def _load_packed(model_dir: Path, pooled: bool = False, normalize: bool = False):
+def _load_packed(model_dir: Path, pooled: bool = False, normalize: bool = False, slots: int = 0):
     """The encoder taking several sentences as one sequence (models/framework_runner/packing.py): attention stays
     inside a sentence (block-diagonal additive mask from `segment_ids`) and `position_ids` restart for each one, so
     every sentence gets exactly its unpacked embeddings. `pooled`: return each sentence's mean over its tokens
-    ([sentences, hidden], L2-normalised with `normalize`) instead of the token embeddings ([1, tokens, hidden])."""
+    ([sentences, hidden], L2-normalised with `normalize`) instead of the token embeddings ([1, tokens, hidden]).
+
+    `slots` > 0: the pooled output has exactly that many rows, segment i in row i and zeros in rows no segment
+    uses, so the graph's shapes depend on the pack's length only: OpenVINO keeps state per internal shape, and a
+    row count that varies with every pack grew a serving process without bound (docs/performance.md)."""
     import torch
 
     encoder = _load(model_dir).encoder
@@ -78,8 +83,9 @@ def _load_packed(model_dir: Path, pooled: bool = False, normalize: bool = False)
                                   **kwargs).last_hidden_state
             if not pooled:
                 return tokens
-            members = (segment_ids[0][None, :] == torch.arange(segment_ids.max() + 1)[:, None]).to(tokens.dtype)
-            means = members @ tokens[0] / members.sum(1, keepdim=True)
+            rows = torch.arange(slots) if slots else torch.arange(segment_ids.max() + 1)
+            members = (segment_ids[0][None, :] == rows[:, None]).to(tokens.dtype)
+            means = members @ tokens[0] / members.sum(1, keepdim=True).clamp(min=1.0)
             return torch.nn.functional.normalize(means, dim=1, eps=1e-12) if normalize else means
 
     return PackedTokenEmbeddings().eval()
@@ -215,29 +221,50 @@ def mean_pooled(token_embeddings: np.ndarray, mask: np.ndarray, normalize: bool)
 
 
 @producer("text-encoder-packed", libraries=("torch", "transformers", "onnx"), code=(RUNNER_DIR / "packing.py",))
-def encoder_packed(out_dir: Path, source: SentenceTransformerSource, pooled: bool) -> None:
-    """`model.onnx` of the packed encoder (`_load_packed`), checked sentence by sentence against the plain PyTorch
-    forward of each sentence alone (on real tokens, or on the pooled embeddings)."""
+def encoder_packed(out_dir: Path, source: SentenceTransformerSource, pooled: bool, slots: int = 0) -> None:
+    """`model.onnx` of the packed encoder (`_load_packed`; `slots` with `pooled`), checked sentence by sentence
+    against the plain PyTorch forward of each sentence alone (on real tokens, or on the pooled embeddings)."""
     import torch
 
+    if slots and not pooled:
+        raise ValueError("sentence slots are rows of the pooled output: export them with pooled=True")
     inputs = check_inputs(source)
     expected = _expected(source, inputs)
     packed, lengths = pack(inputs)
     names = ["input_ids", "position_ids", "segment_ids"] + (["token_type_ids"] if "token_type_ids" in packed else [])
     output = contracts.TEXT.output if pooled else "token_embeddings"
-    axes = {n: {1: "tokens"} for n in names} | {output: {0: "sentences"} if pooled else {1: "tokens"}}
+    axes = {n: {1: "tokens"} for n in names} | ({output: {1: "tokens"}} if not pooled else
+                                               {} if slots else {output: {0: "sentences"}})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(_load_packed(source.path, pooled, source.normalize),
+        torch.onnx.export(_load_packed(source.path, pooled, source.normalize, slots),
                           tuple(torch.from_numpy(packed[n]) for n in names), str(out_dir / "model.onnx"),
                           input_names=names, output_names=[output], dynamic_axes=axes, opset_version=OPSET,
                           dynamo=False)
     got = _ort_run(out_dir / "model.onnx", packed)
     if pooled:
+        if slots and (got.shape[0] != slots or got[len(lengths):].any()):
+            raise RuntimeError(f"packed ONNX of {source.path}: expected {slots} rows, zeros after the sentences")
+        got = got[:len(lengths)]
         diff = float(np.abs(mean_pooled(expected, inputs["attention_mask"], source.normalize) - got).max())
     else:
         diff = max_diff_on_real_tokens(expected, unpack(got, lengths, expected.shape[1]), inputs["attention_mask"])
     _check(f"packed{' and pooled' if pooled else ''} ONNX", source, diff)
+
+
+IR_WEIGHTS = ("fp16", "fp32")  # how an OpenVINO IR stores its weights
+
+
+@producer("text-encoder-openvino-ir", libraries=("openvino",))
+def openvino_ir(out_dir: Path, model: Path, weights: str) -> None:
+    """`model.xml` + `model.bin`: the export `model` (ONNX) as OpenVINO IR, weights stored in fp16 (half the file;
+    OpenVINO decompresses them to the inference precision at load) or fp32. What OpenVINO reads fastest, and what
+    the openvino_check below must accept before it ships."""
+    import openvino as ov
+
+    if weights not in IR_WEIGHTS:
+        raise ValueError(f"IR weights are stored as {' or '.join(IR_WEIGHTS)}, not {weights!r}")
+    ov.save_model(ov.Core().read_model(str(model)), str(out_dir / "model.xml"), compress_to_fp16=weights == "fp16")
 
 
 def _cpu_bf16() -> dict[str, bool]:
@@ -252,34 +279,46 @@ def _cpu_bf16() -> dict[str, bool]:
 
 @producer("text-encoder-openvino-check", libraries=("openvino",), code=(RUNNER_DIR / "openvino_session.py",),
           environment=_cpu_bf16)
-def openvino_check(out_dir: Path, source: SentenceTransformerSource, onnx: Path, precision: str, packed: bool) -> None:
-    """Run the plain or packed export `onnx` with OpenVINO at `precision` (fp32 | bf16) on this CPU; writes the
-    smallest cosine between its mean-pooled embeddings and PyTorch's to `check.json`, and raises below
-    MIN_EMBEDDING_COSINE. Where the CPU has no native bf16, OpenVINO runs fp32 and the check shows that."""
+def openvino_check(out_dir: Path, source: SentenceTransformerSource, model: Path, precision: str, packed: bool) -> None:
+    """Run the plain or packed export `model` (ONNX, or IR with its weights in 16 or 32 bits) with OpenVINO at
+    `precision` (fp32 | bf16) on this CPU; writes the smallest cosine between its mean-pooled embeddings and
+    PyTorch's to `check.json`, and raises below MIN_EMBEDDING_COSINE. Where the CPU has no native bf16, OpenVINO
+    runs fp32 and the check shows that."""
     import openvino as ov
 
     inputs = check_inputs(source)
     expected = _expected(source, inputs)
     core = ov.Core()
     hint = _runner_module("openvino_session").OPENVINO_PRECISION[precision]
-    compiled = core.compile_model(core.read_model(str(onnx)), "CPU", {"INFERENCE_PRECISION_HINT": hint})
+    compiled = core.compile_model(core.read_model(str(model)), "CPU", {"INFERENCE_PRECISION_HINT": hint})
     mask = inputs["attention_mask"]
     if packed:
         feeds, lengths = pack(inputs)
         actual = compiled(feeds)[0]
-        if actual.ndim == 3:  # token embeddings; a pooled export gives [sentences, hidden]
+        if actual.ndim == 3:  # token embeddings; a pooled export gives [sentences (or slots), hidden]
             actual = mean_pooled(unpack(actual, lengths, expected.shape[1]), mask, False)
+        actual = actual[:len(lengths)]
     else:
         actual = mean_pooled(compiled({n: inputs[n] for n in source.input_names})[0], mask, False)
     reference = mean_pooled(expected, mask, False)
     cosine = float(((reference * actual).sum(1) / np.linalg.norm(reference, axis=1)
                     / np.linalg.norm(actual, axis=1)).min())
     ran = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()  # what this CPU runs: bf16 or f32
+    stored = _stored_weights(Path(model))
     if not cosine >= MIN_EMBEDDING_COSINE:
-        raise RuntimeError(f"OpenVINO {precision} ({ran}) embeddings of {source.path} reach cosine {cosine:.6f} "
-                           f"< {MIN_EMBEDDING_COSINE} against PyTorch; serve it with encoder_precision=fp32")
-    print(f"openvino {precision} ({ran}) {source.path.name}: min embedding cosine {cosine:.6f}")
-    (out_dir / "check.json").write_text(json.dumps({"precision": precision, "ran": ran, "min_cosine": cosine}))
+        raise RuntimeError(f"OpenVINO {precision} ({ran}) embeddings of {source.path} with {stored} weights reach "
+                           f"cosine {cosine:.6f} < {MIN_EMBEDDING_COSINE} against PyTorch; serve it with "
+                           f"encoder_precision=fp32{' and encoder_weights=fp32' if stored == 'fp16' else ''}")
+    print(f"openvino {precision} ({ran}), {stored} weights, {source.path.name}: min embedding cosine {cosine:.6f}")
+    (out_dir / "check.json").write_text(json.dumps({"precision": precision, "ran": ran, "weights": stored,
+                                                    "min_cosine": cosine}))
+
+
+def _stored_weights(model: Path) -> str:
+    """fp16 when an IR stores its weights compressed (f16 constants decompressed at load), else fp32."""
+    if model.suffix != ".xml":
+        return "fp32"
+    return "fp16" if 'element_type="f16"' in model.read_text() else "fp32"
 
 
 def main(argv: list[str] | None = None) -> int:

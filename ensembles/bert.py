@@ -1,8 +1,8 @@
 """`bert`: tokenizer → MiniLM encoder → mean pooling (all-MiniLM-L6-v2 sentence embeddings).
 
 The encoder is a TensorRT plan on `gpu`, ONNX on `cpu` (ONNX Runtime's fused graph on Triton's onnxruntime
-backend, or Triton's openvino backend with `--serving encoder_runtime=openvino`) and on `portable` the packed ONNX
-run by OpenVINO in the python runner, which also mean-pools (docs/performance.md).
+backend, or Triton's openvino backend with `--serving encoder_runtime=openvino`) and on `portable` the packed export
+as OpenVINO IR (weights in fp16) run by OpenVINO in the python runner, which also mean-pools (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -15,13 +15,15 @@ RECIPE = TextRecipe(
     serving={
         "gpu": TextServing(max_batch_size=64, tokenizer_instances=2),
         "cpu": TextServing(max_batch_size=64),
-        # portable, measured on 2 CPU cores (docs/performance.md): two single-threaded encoder instances (no intra-op
-        # barrier waits on a descheduled thread); OpenVINO in bf16 on CPUs that have it (AVX512_BF16, AMX),
-        # embeddings within cosine 0.9999 of PyTorch (checked at build); sentences packed into sequences of ≤ 256
-        # real tokens instead of padded batches, mean-pooled inside the packed graph (one python step fewer);
-        # 500 µs queue delay so both instances stay busy at c=8.
-        "portable": TextServing(max_batch_size=64, encoder_instances=2, encoder_threads=1,
+        # portable, measured in docs/performance.md: OpenVINO in bf16 on CPUs that have it (AVX512_BF16, AMX), fp32
+        # elsewhere, embeddings within cosine 0.9999 of PyTorch (checked at build); sentences packed into sequences of
+        # ≤ 256 real tokens instead of padded batches, mean-pooled inside the graph into 64 fixed sentence slots (no
+        # pooling step; memory flat under any traffic); weights stored in fp16 (half the tarball); one encoder
+        # process using every CPU it may (threads 0: chosen at load, one OpenVINO stream per 4 CPUs) instead of one
+        # process per core, which held the weights once per process; 500 µs queue delay.
+        "portable": TextServing(max_batch_size=64, encoder_instances=1, encoder_threads=0,
                                 max_queue_delay_microseconds=500, encoder_runtime="openvino",
-                                encoder_precision="bf16", encoder_pack_tokens=256, encoder_pooling=True),
+                                encoder_precision="bf16", encoder_pack_tokens=256, encoder_pooling=True,
+                                encoder_pack_rows=64, encoder_weights="fp16"),
     },
 )

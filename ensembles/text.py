@@ -16,6 +16,7 @@ from tritonpack.spec import DynamicBatching, override_fields
 
 MAX_TEXT_BYTES = 65536  # one TEXT element; longer input is rejected before tokenization
 ENCODER_RUNTIMES = ("onnxruntime", "openvino")
+ENCODER_WEIGHTS = ("fp32", "fp16")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,12 @@ class TextServing:
     encoder_pack_tokens: int = 0
     # with packing: mean pooling (+ normalisation) inside the encoder graph, so the ensemble has no pooling step
     encoder_pooling: bool = False
+    # with pooling: the pooled export's fixed number of sentence slots, which is also the most sentences a pack
+    # takes (OpenVINO's memory stays flat when the graph's row count does not vary); 0: one row per sentence
+    encoder_pack_rows: int = 0
+    # portable OpenVINO encoder: its IR stores weights in fp16 (half the tarball) or fp32; the build's cosine check
+    # decides whether fp16 is good enough
+    encoder_weights: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_text_bytes < 1:
@@ -56,6 +63,14 @@ class TextServing:
             raise SpecError("TextServing: encoder_pooling needs encoder_pack_tokens > 0 (the packed export pools)")
         if self.encoder_precision != "fp32" and self.encoder_runtime != "openvino":
             raise SpecError(f"TextServing: encoder_precision {self.encoder_precision} needs encoder_runtime=openvino")
+        if self.encoder_pack_rows < 0 or (self.encoder_pack_rows and not self.encoder_pooling):
+            raise SpecError(f"TextServing: encoder_pack_rows are the pooled export's sentence slots: 0, or positive "
+                            f"with encoder_pooling, got {self.encoder_pack_rows}")
+        if self.encoder_weights not in ENCODER_WEIGHTS:
+            raise SpecError(f"TextServing: encoder_weights must be one of {', '.join(ENCODER_WEIGHTS)}, "
+                            f"got {self.encoder_weights!r}")
+        if self.encoder_weights != "fp32" and self.encoder_runtime != "openvino":
+            raise SpecError(f"TextServing: encoder_weights {self.encoder_weights} needs encoder_runtime=openvino")
 
     def with_overrides(self, overrides) -> TextServing:
         """`(("dynamic_batching", "false"), ("encoder_instances", "2"))` (strings, as from the command line)."""

@@ -66,7 +66,7 @@ def test_openvino_bf16_keeps_pooled_embeddings_within_cosine_when_batched(encode
 @pytest.mark.skipif(not CPU_HAS_BF16, reason="this CPU has no native bf16 (OpenVINO runs f32 there)")
 def test_build_check_runs_bf16_when_the_cpu_has_it(encoder, capsys, tmp_path):
     source, onnx = encoder
-    export_text_encoder.openvino_check(tmp_path, source=source, onnx=onnx, precision="bf16", packed=False)
+    export_text_encoder.openvino_check(tmp_path, source=source, model=onnx, precision="bf16", packed=False)
     cosine = json.loads((tmp_path / "check.json").read_text())["min_cosine"]
     assert 0.9999 <= cosine < 1.0  # below 1: the products really ran in bf16
     assert "openvino bf16 (bf16)" in capsys.readouterr().out
@@ -76,7 +76,54 @@ def test_build_check_rejects_precision_when_embeddings_drift(encoder, monkeypatc
     source, onnx = encoder
     monkeypatch.setattr(export_text_encoder, "MIN_EMBEDDING_COSINE", 1.01)
     with pytest.raises(RuntimeError, match="encoder_precision=fp32"):
-        export_text_encoder.openvino_check(tmp_path, source=source, onnx=onnx, precision="fp32", packed=False)
+        export_text_encoder.openvino_check(tmp_path, source=source, model=onnx, precision="fp32", packed=False)
+
+
+@pytest.fixture(scope="module")
+def packed_ir(artifact_cache):
+    """The served portable encoder: packed, pooled into 64 sentence slots, as IR with fp16 and with fp32 weights."""
+    source = SentenceTransformerSource.resolve(None)
+    onnx = artifact_cache.get(export_text_encoder.encoder_packed, source=source, pooled=True, slots=64) / "model.onnx"
+    return source, {weights: artifact_cache.get(export_text_encoder.openvino_ir, model=onnx, weights=weights)
+                    / "model.xml" for weights in ("fp16", "fp32")}
+
+
+def test_fp16_weights_halve_the_ir_and_keep_cosine_when_checked_at_build(packed_ir, tmp_path):
+    source, ir = packed_ir
+    sizes = {w: path.with_suffix(".bin").stat().st_size for w, path in ir.items()}
+    assert sizes["fp16"] < 0.51 * sizes["fp32"]
+    export_text_encoder.openvino_check(tmp_path, source=source, model=ir["fp16"], precision="bf16", packed=True)
+    check = json.loads((tmp_path / "check.json").read_text())
+    assert check["weights"] == "fp16" and check["min_cosine"] >= 0.9999
+
+
+def test_build_check_names_fp32_weights_when_fp16_weights_fall_below_the_floor(packed_ir, monkeypatch, tmp_path):
+    source, ir = packed_ir
+    monkeypatch.setattr(export_text_encoder, "MIN_EMBEDDING_COSINE", 1.01)
+    with pytest.raises(RuntimeError, match="fp16 weights reach cosine .* encoder_weights=fp32"):
+        export_text_encoder.openvino_check(tmp_path, source=source, model=ir["fp16"], precision="fp32", packed=True)
+    assert not (tmp_path / "check.json").exists()
+
+
+def test_openvino_session_answers_the_same_when_packs_run_on_two_streams_at_once(packed_ir, sessions):
+    source, ir = packed_ir
+    session = sessions["openvino"].open_session(str(ir["fp16"]), {"precision": "bf16", "threads": "2",
+                                                                  "streams": "2"})
+    assert session.parallel == 2
+    inputs = tokens(source, SENTENCES[:24])
+    packs = [export_text_encoder.pack({n: a[i:i + 3] for n, a in inputs.items()})[0] for i in range(0, 24, 3)]
+    one_at_a_time = [session(feeds)["EMBEDDING"] for feeds in packs]
+    together = [out["EMBEDDING"] for out in session.map(packs)]
+    for alone, both in zip(one_at_a_time, together):
+        assert alone.shape == (64, 384) and not alone[3:].any()  # three sentences, the other slots empty
+        np.testing.assert_array_equal(both, alone)
+
+
+@pytest.mark.parametrize(("cpus", "threads", "streams", "layout"), [
+    (2, 0, 0, (1, 2)), (16, 0, 0, (4, 16)), (16, 4, 0, (1, 4)), (2, 0, 2, (2, 2)), (1, 0, 4, (1, 1)),
+])
+def test_stream_layout_follows_the_cpus_the_process_may_use_when_not_set(sessions, cpus, threads, streams, layout):
+    assert sessions["openvino"].stream_layout(cpus, threads, streams) == layout
 
 
 def encoder_model(artifact: Artifact, target: str):
@@ -99,6 +146,14 @@ def test_portable_openvino_runner_gets_framework_and_precision_when_built(tmp_pa
     assert "1/openvino_session.py" in folder.files
 
 
+def test_portable_openvino_runner_gets_the_ir_and_its_weights_file_when_built(tmp_path):
+    folder = encoder_model(Artifact("openvino_ir", tmp_path / "model.xml", "bf16"), "portable")
+    params = dict(folder.spec.parameters)
+    assert (params["framework"], params["artifact"]) == ("openvino", "model.xml")
+    assert folder.files["1/model.xml"] == tmp_path / "model.xml"
+    assert folder.files["1/model.bin"] == tmp_path / "model.bin"
+
+
 @pytest.mark.parametrize(("make", "message"), [
     (lambda p: Artifact("onnx", p, "bf16"), "onnx runs precision fp32, not 'bf16'"),
     (lambda p: encoder_model(Artifact("openvino", p), "gpu"), "openvino does not run on the gpu target"),
@@ -109,6 +164,9 @@ def test_portable_openvino_runner_gets_framework_and_precision_when_built(tmp_pa
     (lambda p: TextServing(encoder_pooling=True), "encoder_pooling needs encoder_pack_tokens > 0"),
     (lambda p: TextServing(encoder_runtime="tensorrt"), "encoder_runtime must be one of onnxruntime, openvino"),
     (lambda p: TextServing(encoder_precision="bf16"), "encoder_precision bf16 needs encoder_runtime=openvino"),
+    (lambda p: TextServing(encoder_pack_rows=64), "encoder_pack_rows are the pooled export's sentence slots"),
+    (lambda p: TextServing(encoder_weights="int8"), "encoder_weights must be one of fp32, fp16"),
+    (lambda p: TextServing(encoder_weights="fp16"), "encoder_weights fp16 needs encoder_runtime=openvino"),
     (lambda p: TextServing().with_overrides({"encoder_precision": "int8", "encoder_runtime": "openvino"}),
      "openvino runs precision"),
 ])
@@ -132,8 +190,9 @@ def test_bert_serves_with_onnxruntime_when_encoder_runtime_is_overridden(test_di
     dist = test_dist / f"bert-onnxruntime-{pack_tokens}"  # its own folder: the default build keeps dist/bert-portable
     dist.mkdir()
     (dist / "cache").symlink_to(test_dist / "cache")
-    serving = (("encoder_runtime", "onnxruntime"), ("encoder_precision", "fp32"), ("encoder_pack_tokens", pack_tokens),
-               ("encoder_pooling", str(pack_tokens != "0")))
+    serving = (("encoder_runtime", "onnxruntime"), ("encoder_precision", "fp32"), ("encoder_weights", "fp32"),
+               ("encoder_pack_tokens", pack_tokens), ("encoder_pooling", str(pack_tokens != "0")),
+               ("encoder_pack_rows", "64" if pack_tokens != "0" else "0"))
     result = build(BuildRequest("bert", "portable", dist=dist, serving=serving, env=False))
     params = parse_config((result.repository / "bert_encoder" / "config.pbtxt").read_text()).parameters
     assert params["framework"].string_value == "onnxruntime" and "precision" not in params

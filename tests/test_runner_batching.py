@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from tritonpack.components import load_model_module
@@ -169,3 +171,103 @@ def test_packed_runner_gives_row_outputs_in_request_order_when_the_encoder_pools
     for item, result in zip(items, results):
         expected = [[ids[0], mask.sum()] for ids, mask in zip(item["input_ids"], item["attention_mask"])]
         np.testing.assert_array_equal(result["EMBEDDING"], expected)
+
+
+def test_pack_groups_starts_a_new_pack_when_the_rows_reach_the_slot_limit():
+    groups = _packing_module().pack_groups([2] * 10, max_tokens=256, max_rows=4)
+    assert groups == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # 20 tokens would fit one pack; 4 sentence slots do not
+
+
+def test_pack_groups_splits_a_batch_into_similar_packs_when_spread_over_infer_requests():
+    lengths = [20, 25, 18, 30, 22, 19, 24, 26]
+    groups = _packing_module().pack_groups(lengths, max_tokens=256, spread=2)
+    assert [i for g in groups for i in g] == list(range(8)) and len(groups) == 2
+    sizes = [sum(lengths[i] for i in g) for g in groups]
+    assert abs(sizes[0] - sizes[1]) <= max(lengths)  # one pack per request, each about half the tokens
+
+
+def test_pack_groups_keeps_one_pack_per_row_when_there_are_fewer_rows_than_requests():
+    assert _packing_module().pack_groups([40], max_tokens=256, spread=4) == [[0]]
+
+
+class SlotEchoSession:
+    """A pooled packed encoder with `slots` sentence slots, runnable several calls at once like OpenVINO's session:
+    row i of the output is (first token id of segment i, its length), zeros for slots no sentence uses."""
+
+    def __init__(self, slots: int, parallel: int):
+        self.slots, self.parallel, self.calls, self.maps = slots, parallel, [], []
+
+    def __call__(self, feeds):
+        self.calls.append(feeds["input_ids"].shape[1])
+        out = np.zeros((self.slots, 2), dtype=np.float32)
+        segments, ids = feeds["segment_ids"][0], feeds["input_ids"][0]
+        for s in range(self.slots):
+            where = np.flatnonzero(segments == s)
+            if len(where):
+                out[s] = ids[where[0]], len(where)
+        return {"EMBEDDING": out}
+
+    def map(self, calls):
+        self.maps.append(len(calls))
+        return [self(feeds) for feeds in calls]
+
+
+def _pooling_runner(session, max_pack_tokens: int, max_pack_rows: int):
+    module = _runner_module()
+
+    class Runner(module.FrameworkRunnerModel):
+        def __init__(self):
+            self.input_names, self.output_names = ["input_ids", "attention_mask"], ["EMBEDDING"]
+            self.ragged, self.trimmed_outputs = True, set()
+            self.max_pack_tokens, self.max_pack_rows, self.session = max_pack_tokens, max_pack_rows, session
+
+    return Runner()
+
+
+def _requests(rng, sizes, width=12):
+    items = []
+    for rows in sizes:
+        lengths = rng.integers(2, width + 1, size=rows)
+        mask = (np.arange(width) < lengths[:, None]).astype(np.int64)
+        items.append({"input_ids": rng.integers(100, 30000, size=(rows, width)) * mask, "attention_mask": mask})
+    return items
+
+
+def test_packed_runner_answers_the_same_when_packs_run_on_several_infer_requests_at_once():
+    rng = np.random.default_rng(3)
+    items = _requests(rng, [1, 3, 1, 2, 5, 1])
+    one_at_a_time, together = SlotEchoSession(8, parallel=1), SlotEchoSession(8, parallel=2)
+    expected = _pooling_runner(one_at_a_time, 64, 8)._run(items)
+    got = _pooling_runner(together, 64, 8)._run(items)
+    assert together.maps and min(together.maps) >= 2  # the batch went out as packs for both requests at once
+    for e, g, item in zip(expected, got, items):
+        np.testing.assert_array_equal(e["EMBEDDING"], g["EMBEDDING"])
+        np.testing.assert_array_equal(g["EMBEDDING"][:, 1], item["attention_mask"].sum(1))  # each row its own
+
+
+def test_packed_runner_fills_at_most_the_slots_when_a_batch_has_more_short_rows():
+    session = SlotEchoSession(4, parallel=1)
+    items = _requests(np.random.default_rng(4), [10], width=3)
+    (result,) = _pooling_runner(session, 256, 4)._run(items)
+    assert len(session.calls) == 3  # 10 sentences in packs of ≤ 4, though their tokens fit one pack
+    np.testing.assert_array_equal(result["EMBEDDING"][:, 0], items[0]["input_ids"][:, 0])
+
+
+def test_packed_runner_warms_every_pack_length_in_the_background_when_loaded(tmp_path):
+    module = _runner_module()
+    session = SlotEchoSession(4, parallel=1)
+
+    class Runner(module.FrameworkRunnerModel):
+        def open_session(self, path, params):
+            return session
+
+    config = {"input": [{"name": n, "dims": ["-1"], "allow_ragged_batch": True}
+                        for n in ("input_ids", "attention_mask")],
+              "output": [{"name": "EMBEDDING", "dims": ["2"]}],
+              "parameters": {"artifact": {"string_value": "model.xml"}, "max_pack_tokens": {"string_value": "64"},
+                             "max_pack_rows": {"string_value": "4"}}}
+    runner = Runner()
+    runner.initialize({"model_config": json.dumps(config), "model_repository": str(tmp_path), "model_version": "1"})
+    runner.warming.join(timeout=30)
+    runner.finalize()
+    assert sorted(session.calls) == [16, 32, 48, 64]  # every multiple of 16 up to the budget, once

@@ -125,3 +125,30 @@ def test_pooled_packed_export_gives_sentence_transformers_embeddings_when_senten
     expected = SentenceTransformer(str(source.path), device="cpu").encode(texts)
     assert got.shape == (4, 384)
     np.testing.assert_allclose(got, expected, atol=1e-5)  # fp32: equal, and L2-normalised like the source
+
+
+def test_pooled_export_with_sentence_slots_keeps_its_shape_and_fills_one_slot_per_sentence_when_packed(
+        artifact_cache):
+    import onnxruntime as ort
+    from sentence_transformers import SentenceTransformer
+    from tokenizers import Tokenizer
+
+    source = SentenceTransformerSource.resolve(None)
+    model = artifact_cache.get(encoder_packed, source=source, pooled=True, slots=8) / "model.onnx"
+    session = ort.InferenceSession(str(model))
+    assert [d for d in session.get_outputs()[0].shape] == [8, 384]  # fixed: the row count never varies
+    tokenizer = Tokenizer.from_file(str(source.path / "tokenizer.json"))
+    tokenizer.enable_padding(pad_id=0)
+    reference = SentenceTransformer(str(source.path), device="cpu")
+    for texts in (["one"], ["first sentence", "a second, longer one", "", "Ünïcödé 🚀", "five"]):
+        encodings = tokenizer.encode_batch(texts)
+        feeds, _ = pack({"input_ids": np.array([e.ids for e in encodings]), "attention_mask": np.array(
+            [e.attention_mask for e in encodings]), "token_type_ids": np.array([e.type_ids for e in encodings])})
+        got = session.run(None, feeds)[0]
+        assert got.shape == (8, 384) and not got[len(texts):].any()
+        np.testing.assert_allclose(got[:len(texts)], reference.encode(texts), atol=1e-5)
+
+
+def test_packed_export_refuses_sentence_slots_when_not_pooled(tmp_path):
+    with pytest.raises(ValueError, match="pooled=True"):
+        encoder_packed(tmp_path, source=SentenceTransformerSource.resolve(None), pooled=False, slots=8)

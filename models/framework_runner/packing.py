@@ -13,15 +13,20 @@ import numpy as np
 PACKED_FEATURES = ("input_ids", "token_type_ids")  # per-token inputs that are concatenated as they are
 
 
-def pack_groups(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Indices of rows, in order, grouped so each group's total length stays ≤ max_tokens (a longer row runs alone).
+def pack_groups(lengths: list[int], max_tokens: int, max_rows: int = 0, spread: int = 1) -> list[list[int]]:
+    """Indices of rows, in order, grouped so each group's total length stays ≤ max_tokens (a longer row runs alone)
+    and, with `max_rows`, each group has at most that many rows.
 
     Attention inside a pack spans all its tokens (masked across sentences), so its cost grows with the square of
-    the pack's length: the budget keeps that small next to the linear layers, which packing makes efficient."""
+    the pack's length: the budget keeps that small next to the linear layers, which packing makes efficient.
+    `spread` > 1 asks for packs of about 1/spread of all tokens each, so that that many infer requests running at
+    once get similar work (a batch that would fill one pack is split rather than run on one core)."""
+    share = sum(lengths) / spread if spread > 1 else float("inf")
     groups: list[list[int]] = []
     total = 0
     for i, n in enumerate(lengths):
-        if groups and total + n <= max_tokens:
+        if (groups and total + n <= max_tokens and (not max_rows or len(groups[-1]) < max_rows)
+                and total + n / 2 <= share):
             groups[-1].append(i)
             total += n
         else:

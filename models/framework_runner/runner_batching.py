@@ -5,13 +5,16 @@ backend would have. Inputs marked `allow_ragged_batch` carry a sequence axis tha
 requests. Rows of similar real length (from `attention_mask`, else whole requests by their length) are grouped
 (`length_groups`), each group is padded to its own longest and run in one call, and outputs whose first dim is
 -1 are given back in each request's own shape. With `max_pack_tokens` set (a packed text encoder, see
-packing.py) rows are not padded at all: up to that many real tokens run as one sequence.
+packing.py) rows are not padded at all: up to that many real tokens (and `max_pack_rows` sentences) run as one
+sequence, and a session that runs several calls at once (`parallel` > 1, `map`: OpenVINO's infer requests on one
+compiled model) gets each batch as that many packs together.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 
 import numpy as np
 from batched_requests import ClientError, pad_and_concat, read_input, respond_all, split_rows
@@ -49,6 +52,7 @@ class FrameworkRunnerModel:
 
     pb_utils = None
     max_pack_tokens = 0  # set from the config's parameters in initialize; 0: the artifact is not packed
+    max_pack_rows = 0  # 0: no limit on sentences per pack
 
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -59,10 +63,22 @@ class FrameworkRunnerModel:
         self.max_padding_waste = float(params.get("max_padding_waste", MAX_PADDING_WASTE))
         self.trimmed_outputs = {o["name"] for o in config["output"] if self.ragged and int(o["dims"][0]) == -1}
         self.max_pack_tokens = int(params.get("max_pack_tokens", "0"))
+        self.max_pack_rows = int(params.get("max_pack_rows", "0"))
         path = os.path.join(args["model_repository"], args["model_version"], params["artifact"])
         self.session = self.open_session(path, params)
+        self._stop_warming = threading.Event()
+        self.warming = None
         if self.max_pack_tokens:
-            self._warm_pack_shapes()
+            lengths = list(range(PACK_MULTIPLE, self.max_pack_tokens + 1, PACK_MULTIPLE))
+            self._warm(lengths[:1])  # the first call runs before any other thread uses the session
+            self.warming = threading.Thread(target=self._warm, args=(lengths[1:],), name="warm-pack-shapes",
+                                            daemon=True)
+            self.warming.start()
+
+    def finalize(self):
+        if self.warming is not None:
+            self._stop_warming.set()
+            self.warming.join()
 
     def execute(self, requests):
         pb = self.pb_utils
@@ -119,25 +135,42 @@ class FrameworkRunnerModel:
                         results[i][name][r] = values[j]
         return results
 
-    def _warm_pack_shapes(self):
-        """Run every pack length the runner can send (multiples of PACK_MULTIPLE up to max_pack_tokens) once at
-        load, so no request waits for a shape's first compilation and memory is at its steady state from the
-        start (a runtime keeps state per input shape)."""
-        for length in range(PACK_MULTIPLE, self.max_pack_tokens + 1, PACK_MULTIPLE):
+    def _warm(self, lengths: list[int]):
+        """Run each pack length the runner can send (multiples of PACK_MULTIPLE up to max_pack_tokens) once, on
+        every stream. A runtime keeps state per input shape: warmed, memory is at its steady state seconds after
+        load and no request waits for a shape's first run. Started in the background by initialize (warming all
+        16 shapes at load added seconds to a cold start); requests share the session with it meanwhile."""
+        for length in lengths:
+            if self._stop_warming.is_set():
+                return
             row = {n: np.zeros(length, dtype=np.int64) for n in PACKED_FEATURES if n in self.input_names}
-            self.session(packed_inputs([row], PACK_MULTIPLE))
+            try:
+                self._run_all([packed_inputs([row], PACK_MULTIPLE)] * self._parallel())
+            except Exception as e:  # noqa: BLE001 - not fatal: a request of that shape reports its own error
+                if self.pb_utils is not None:
+                    self.pb_utils.Logger.log_warn(f"warming pack length {length} failed: {e}")
+                return
+
+    def _parallel(self) -> int:
+        return getattr(self.session, "parallel", 1)
+
+    def _run_all(self, feeds: list[dict]) -> list[dict]:
+        """Every call's outputs, in order; a session that runs several at once gets them all together."""
+        if self._parallel() > 1:
+            return self.session.map(feeds)
+        return [self.session(f) for f in feeds]
 
     def _run_packed(self, items):
         """Run the rows of all requests as packs of ≤ max_pack_tokens real tokens (no padding) and put every row
         back in its request: token outputs ([1, tokens, ...]) in the request's shape with zeros where it was
-        padded, row outputs of a pooling export ([rows of the pack, ...]) row by row."""
+        padded, row outputs of a pooling export ([rows of the pack, or its sentence slots, ...]) row by row."""
         rows = [(i, r, max(int(mask.sum()), 1)) for i, item in enumerate(items) for r, mask in enumerate(item[MASK])]
         results = [{} for _ in items]
-        for group in pack_groups([length for _, _, length in rows], self.max_pack_tokens):
-            members = [rows[k] for k in group]
-            feeds = packed_inputs([{n: items[i][n][r, :length] for n in PACKED_FEATURES if n in items[i]}
-                                   for i, r, length in members], PACK_MULTIPLE)
-            outputs = self.session(feeds)
+        packs = [[rows[k] for k in group] for group in pack_groups(
+            [length for _, _, length in rows], self.max_pack_tokens, self.max_pack_rows, self._parallel())]
+        all_feeds = [packed_inputs([{n: items[i][n][r, :length] for n in PACKED_FEATURES if n in items[i]}
+                                    for i, r, length in members], PACK_MULTIPLE) for members in packs]
+        for members, outputs in zip(packs, self._run_all(all_feeds)):
             for name in self.output_names:
                 values, trimmed = np.asarray(outputs[name]), name in self.trimmed_outputs
                 per_row = unpacked(values, [m[2] for m in members]) if trimmed else values

@@ -14,9 +14,10 @@ from types import MappingProxyType
 
 @dataclass(frozen=True)
 class Framework:
-    """`native`: the config fields that select the native backend; `filename`: what it loads from `1/`;
-    `runner`: the `framework` parameter of the portable runner (None: no python runner); `module`: the library
-    that runner imports; `precisions`: what the framework can be asked to compute in."""
+    """`native`: the config fields that select the native backend; `filename`: what it loads from `1/`, and
+    `companions` the files beside it that it reads too; `runner`: the `framework` parameter of the portable runner
+    (None: no python runner); `module`: the library that runner imports; `precisions`: what the framework can be
+    asked to compute in."""
 
     name: str
     native: Mapping[str, str]
@@ -26,6 +27,7 @@ class Framework:
     precisions: tuple[str, ...] = ("fp32",)
     gpu: bool = True  # can run on the gpu target
     cpu: bool = True  # can run on the cpu target
+    companions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "native", MappingProxyType(dict(self.native)))
@@ -36,6 +38,9 @@ FRAMEWORKS: Mapping[str, Framework] = MappingProxyType({f.name: f for f in (
     # An ONNX file run by OpenVINO (Triton's openvino backend reads ONNX when told its file name).
     Framework("openvino", {"backend": "openvino", "default_model_filename": "model.onnx"}, "model.onnx", "openvino",
               "openvino", precisions=("fp32", "bf16"), gpu=False),
+    # OpenVINO's own format: the graph in model.xml, the weights (16 or 32 bits) in model.bin.
+    Framework("openvino_ir", {"backend": "openvino"}, "model.xml", "openvino", "openvino",
+              precisions=("fp32", "bf16"), gpu=False, companions=("model.bin",)),
     Framework("torchscript", {"platform": "pytorch_libtorch"}, "model.pt", "torchscript", "torch"),
     Framework("graphdef", {"platform": "tensorflow_graphdef"}, "model.graphdef", "tensorflow_graphdef",
               "tensorflow"),

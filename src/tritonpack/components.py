@@ -115,7 +115,8 @@ def python_model(spec: ModelSpec, source: str, extra_files: Mapping[str, Path] |
 class Artifact:
     """A compiled model file and the framework that runs it (a `tritonpack.backends.FRAMEWORKS` key).
 
-    `openvino` is an ONNX file run by OpenVINO instead of ONNX Runtime; `precision` bf16 lets OpenVINO run
+    `openvino` is an ONNX file run by OpenVINO instead of ONNX Runtime, `openvino_ir` OpenVINO's own format
+    (`path` is its model.xml; model.bin beside it goes along); `precision` bf16 lets OpenVINO run
     matrix products in bfloat16 (on CPUs with native bf16, fp32 elsewhere). `packed`: the file takes several
     sentences as one sequence (models/framework_runner/packing.py), which only the portable runner feeds."""
 
@@ -142,9 +143,18 @@ class Artifact:
     def kind(self) -> Framework:
         return FRAMEWORKS[self.framework]
 
+    def files(self) -> dict[str, Path]:
+        """The version folder's files: the artifact under its framework's file name and its companions, and a
+        TensorRT plan per GPU architecture (`plan_filename`)."""
+        files = {f"{VERSION}/{plan_filename(cc)}": path for cc, path in self.per_gpu.items()}
+        if self.path is not None:
+            files[f"{VERSION}/{self.kind.filename}"] = self.path
+            files.update({f"{VERSION}/{name}": self.path.parent / name for name in self.kind.companions})
+        return files
+
     def native_parameters(self, threads: int) -> dict[str, str]:
         """Triton's openvino backend settings (its README, "Parameters"); other backends take none here."""
-        if self.framework != "openvino":
+        if self.kind.native.get("backend") != "openvino":
             return {}
         params = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"}
         if threads:
@@ -152,6 +162,11 @@ class Artifact:
         if self.precision == "bf16":
             params["HINT_BF16"] = "YES"
         return params
+
+
+def plan_filename(compute_capability: str) -> str:
+    """A per-architecture TensorRT plan's file in the version folder: `model_8_6.plan` for "8.6"."""
+    return f"model_{compute_capability.replace('.', '_')}.plan"
 
 
 def given_plans(plans: Mapping[str, Path]) -> Artifact:
@@ -166,14 +181,15 @@ def given_plans(plans: Mapping[str, Path]) -> Artifact:
 
 @dataclass(frozen=True)
 class StepSettings:
-    """How a step is served: batching, instances and threads (and, for a packed encoder, the tokens per pack).
-    `labels`: the class names of the first output, for Triton's classification extension."""
+    """How a step is served: batching, instances and threads (and, for a packed encoder, the tokens and sentences
+    per pack). `labels`: the class names of the first output, for Triton's classification extension."""
 
     max_batch_size: int
     dynamic_batching: DynamicBatching | None
     instances: int = 1
     threads: int = 0
     max_pack_tokens: int = 0
+    max_pack_rows: int = 0  # 0: no limit; a pooled export with sentence slots takes at most that many
     labels: Path | None = None
 
 
@@ -199,6 +215,8 @@ def framework_model(name: str, artifact: Artifact, target: str, inputs: tuple[Te
             params["precision"] = artifact.precision
         if artifact.packed:
             params["max_pack_tokens"] = str(settings.max_pack_tokens)
+            if settings.max_pack_rows:
+                params["max_pack_rows"] = str(settings.max_pack_rows)
         if artifact.framework in ("torchscript", "graphdef"):  # the session needs the tensor names, in order
             params["input_order"] = ",".join(t.name for t in inputs)
             params["output_order"] = ",".join(t.name for t in outputs)
@@ -206,19 +224,16 @@ def framework_model(name: str, artifact: Artifact, target: str, inputs: tuple[Te
         ragged_inputs = tuple(replace(t, allow_ragged_batch=len(t.dims) > 0 and t.dims[0] == -1) for t in inputs)
         spec = ModelSpec(backend="python", inputs=ragged_inputs, parameters=params,
                          instance_group=(InstanceGroup("KIND_CPU", settings.instances),), **common)
-        return python_model(spec, "framework_runner", {f"{VERSION}/{kind.filename}": artifact.path, **extra},
+        return python_model(spec, "framework_runner", {**artifact.files(), **extra},
                             dynamic_imports=(f"{kind.runner}_session",))
     if not (kind.gpu if target == "gpu" else kind.cpu):
         raise SpecError(f"model {name}: {artifact.framework} does not run on the {target} target")
     parameters = artifact.native_parameters(settings.threads)
-    per_gpu = {cc: f"model_{cc.replace('.', '_')}.plan" for cc in artifact.per_gpu}
+    per_gpu = {cc: plan_filename(cc) for cc in artifact.per_gpu}
     spec = ModelSpec(inputs=inputs, instance_group=(InstanceGroup(instance_kind(target), settings.instances),),
                      **({"parameters": parameters} if parameters else {}), **dict(kind.native), **common,
                      cc_model_filenames=per_gpu, **native_options)
-    files = {f"{VERSION}/{per_gpu[cc]}": path for cc, path in artifact.per_gpu.items()}
-    if artifact.path is not None:
-        files[f"{VERSION}/{kind.filename}"] = artifact.path
-    return ModelFolder(spec, {**files, **extra})
+    return ModelFolder(spec, {**artifact.files(), **extra})
 
 
 @dataclass(frozen=True)

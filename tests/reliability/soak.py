@@ -282,9 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, help="write the figures as JSON here")
     args = parser.parse_args(argv)
     from tritonpack.cli import repository_entry
+    from tritonpack.spec import mc
 
-    ensemble, input_name = repository_entry(args.repository)
-    workload = text_workload(ensemble) if input_name == "TEXT" else image_workload(ensemble)
+    ensemble, _ = repository_entry(args.repository)
+    text = ensemble.input[0].data_type == mc.TYPE_STRING
+    workload = text_workload(ensemble.name) if text else image_workload(ensemble.name)
     report = soak(args.repository, workload, args.requests, args.concurrency, args.hostile_fraction,
                   progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(report.summary())

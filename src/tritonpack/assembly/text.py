@@ -12,6 +12,7 @@ from tritonpack.build.export_text_encoder import (
     encoder_packed,
     encoder_torchscript,
     openvino_check,
+    openvino_ir,
 )
 from tritonpack.build.text_source import SentenceTransformerSource
 from tritonpack.cache import ArtifactCache
@@ -30,20 +31,21 @@ def assemble(recipe: TextRecipe, request, cache: ArtifactCache) -> list[ModelFol
     if fmt == "tensorrt_plan" and request.plans:
         artifact = given_plans(dict(request.plans))
     else:
-        artifact = encoder_artifact(fmt, source, serving, request.fp16, cache)
+        artifact = encoder_artifact(fmt, request.target, source, serving, request.fp16, cache)
     outputs = (source.embedding_output(),) if serving.encoder_pooling else source.encoder_outputs()
     encoder = framework_model(
         f"{recipe.name}_encoder", artifact, request.target, source.encoder_inputs(), outputs,
         StepSettings(serving.max_batch_size, serving.batching(), serving.encoder_instances, serving.encoder_threads,
-                     serving.encoder_pack_tokens),
+                     serving.encoder_pack_tokens, serving.encoder_pack_rows),
     )
     return text_ensemble(recipe.name, source, encoder, serving, request.io_names or contracts.TEXT)
 
 
-def encoder_artifact(fmt: str, source: SentenceTransformerSource, serving: TextServing, fp16: bool,
+def encoder_artifact(fmt: str, target: str, source: SentenceTransformerSource, serving: TextServing, fp16: bool,
                      cache: ArtifactCache) -> Artifact:
     """The encoder file for a target: `fmt` from the recipe, refined by the serving settings (runtime, precision,
-    packing, pooling)."""
+    packing, pooling, stored weights). The portable runner reads OpenVINO's IR (half the size with fp16 weights,
+    read faster than ONNX); Triton's openvino backend on `cpu` gets the ONNX file."""
     if fmt == "torchscript":
         return Artifact("torchscript", cache.get(encoder_torchscript, source=source) / "model.pt")
     if fmt == "tensorrt_plan":
@@ -55,12 +57,21 @@ def encoder_artifact(fmt: str, source: SentenceTransformerSource, serving: TextS
         return Artifact("tensorrt_plan", plan / "model.plan")
     packed = serving.encoder_pack_tokens > 0
     if packed:
-        onnx = cache.get(encoder_packed, source=source, pooled=serving.encoder_pooling) / "model.onnx"
+        onnx = cache.get(encoder_packed, source=source, pooled=serving.encoder_pooling,
+                         slots=serving.encoder_pack_rows) / "model.onnx"
     else:
         onnx = cache.get(encoder_onnx, source=source) / "model.onnx"
     if serving.encoder_runtime == "openvino":
-        cache.get(openvino_check, source=source, onnx=onnx, precision=serving.encoder_precision, packed=packed)
-        return Artifact("openvino", onnx, serving.encoder_precision, packed=packed)
+        if target == "portable":
+            model, framework = cache.get(openvino_ir, model=onnx, weights=serving.encoder_weights) / "model.xml", \
+                "openvino_ir"
+        elif serving.encoder_weights != "fp32":
+            raise SpecError(f"encoder_weights {serving.encoder_weights}: Triton's openvino backend on {target} "
+                            f"reads the ONNX export, whose weights are fp32")
+        else:
+            model, framework = onnx, "openvino"
+        cache.get(openvino_check, source=source, model=model, precision=serving.encoder_precision, packed=packed)
+        return Artifact(framework, model, serving.encoder_precision, packed=packed)
     if packed:
         return Artifact("onnx", onnx, packed=True)
     # ONNX Runtime runs the fused graph: 1.15× served throughput measured (docs/performance.md)
