@@ -30,6 +30,7 @@ class BenchSettings:
     cold_starts: int = 3
     dynamic_batching: bool = True  # batching on ÷ off (builds a second repository)
     images: bool = True  # served resnet_pt ÷ in-process, DALI ÷ PIL (builds resnet_pt)
+    without_env: bool = True  # memory and cold start also for the tarball built with --no-env
     seed: int = 5
     out: Path = Path("dist/bench")
     dist: Path = Path("dist")
@@ -39,7 +40,8 @@ class BenchSettings:
         if mode == "smoke":
             base = cls(mode="smoke", sentences=48, held_out=16, repetitions=1, concurrencies=(1, 8),
                        st_variants=False, peers="none", infinity_engines=("optimum",), loaded_copies=(1, 2),
-                       requests_per_step=20, cold_starts=1, dynamic_batching=False, images=False)
+                       requests_per_step=20, cold_starts=1, dynamic_batching=False, images=False,
+                       without_env=False)
         elif mode == "full":
             base = cls()
         else:
@@ -56,7 +58,8 @@ class Bench:
         self.servers: list = []
         self.served_repository: Path | None = None
 
-    def build_variant(self, label: str, name: str = "bert", serving: tuple[tuple[str, str], ...] = ()):
+    def build_variant(self, label: str, name: str = "bert", serving: tuple[tuple[str, str], ...] = (),
+                      env: bool = True):
         """Build `name` (portable) into <out>/repos/<label>/, sharing the export cache with `make build`."""
         from tritonpack.builder import BuildRequest, build
         from tritonpack.server import PYTHON_VERSION
@@ -70,7 +73,7 @@ class Bench:
             link.symlink_to(cache, target_is_directory=True)
         start = time.perf_counter()
         # the tarball as deployed (its packed environment), for the local stub's Python so the local MME runs it
-        result = build(BuildRequest(name, "portable", dist=dist, env_python=PYTHON_VERSION,
+        result = build(BuildRequest(name, "portable", dist=dist, env=env, env_python=PYTHON_VERSION,
                                     **({"serving": serving} if serving else {})))
         self.log(f"  built {label}: {result.repository} in {time.perf_counter() - start:.1f}s")
         return result
@@ -116,6 +119,10 @@ class Bench:
             self.stop_servers()  # memory and cold start are measured with no other server running
             self.attempt(results, "mme", lambda: cold_memory.measure(self, built.tarball))
             self.attempt(results, "sizes", lambda: cold_memory.sizes(self, built.tarball))
+            if self.settings.without_env:  # for a server whose Python has the packages (environment.yml in the image)
+                bare = self.build_variant("no-env", env=False)
+                self.attempt(results, "mme_no_env", lambda: cold_memory.measure(self, bare.tarball) |
+                             {"tarball_mb": bare.tarball.stat().st_size / 2**20})
             if self.settings.images:
                 self.attempt(results, "images", lambda: images.measure(self))
         finally:
