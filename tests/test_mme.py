@@ -303,7 +303,9 @@ def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(mo
         timing("dead_stub_in_flight_recovery_s", time.monotonic() - started)
         assert all(ok for _, ok, _ in results), results
         values = metrics(server)
-        assert (values["ModelReloads"], values["TritonRestarts"], values["Invocation5XXErrors"]) == (2, 1, 0)
+        # a held call can meet the target gone from Triton around the restart and load it once more (seen in CI)
+        assert values["ModelReloads"] in (2, 3)
+        assert (values["TritonRestarts"], values["Invocation5XXErrors"]) == (1, 0)
         assert any("restarting tritonserver" in r.getMessage() for r in caplog.records)
 
         # 3. killed a third time within the crash window: quarantined, answered at once, the others served
