@@ -4,7 +4,7 @@ Import the fixtures into a test module (`from tests.mme_support import moto_serv
 real `bert` recipe built from a randomly initialised one-layer BERT (hidden size 8) with MiniLM's tokenizer: the
 same model folders as `bert`, about 1 MB, quick to load, and exactly checkable against sentence-transformers.
 `local_mme(models_dir, **options)` starts a LocalMME that lives until the end of the test module;
-`HostileProbe` sends `tritonpack.hostile` cases through a gateway and checks that it keeps serving.
+`HostileProbe` sends `tests/reliability/hostile.py` cases through a gateway and checks that it keeps serving.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Hostile requests against every served ensemble on the real tritonserver (raw HTTP, crafted bodies).
 
 Each case gets a client error (4xx) — or, where tritonserver 2.51's own front-end answers before any project
-code runs, exactly the answer recorded in `tritonpack.hostile` (README, "Reliability", lists them) — and
+code runs, exactly the answer recorded in `tests/reliability/hostile.py` (README, "Reliability", lists them) — and
 afterwards the server is ready, no process died or restarted, and a valid request gets the same answer as
 before. `tritonpack.mme.request_guard` (what a gateway runs first) must refuse every case Triton gets wrong.
 """

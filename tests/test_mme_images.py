@@ -1,8 +1,9 @@
 """Image tarballs (`portable`) through the local MME to an unmodified boto3 sagemaker-runtime client.
 
 SCORES must equal a direct in-process run of the same repository's files (tests/test_image_served.py's `DirectRun`)
-in both body formats, labels come back with `class_count`, and `tritonpack.hostile`'s image cases sent through the
-gateway get a 4xx while gateway, Triton and its stubs keep serving. One LocalMME serves every test of the module.
+in both body formats, labels come back with `class_count`, and the image cases of `tests/reliability/hostile.py`
+sent through the gateway get a 4xx while gateway, Triton and its stubs keep serving. One LocalMME serves every
+test of the module.
 """
 
 from __future__ import annotations

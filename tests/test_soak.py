@@ -1,4 +1,4 @@
-"""Soak: mixed valid and hostile requests at concurrency 8 on an own tritonserver (`tritonpack.soak`).
+"""Soak: mixed valid and hostile requests at concurrency 8 on an own tritonserver (`tests/reliability/soak.py`).
 
 The fast subset (300 requests on `bert`) runs in `make test`; `make soak` runs 10,000 requests against `bert` and
 an image ensemble and also holds the growth of server + stub resident memory after warm-up to 5 %. Resident memory

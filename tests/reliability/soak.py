@@ -1,7 +1,7 @@
 """Soak a served ensemble: many mixed valid and hostile requests at fixed concurrency, on its own tritonserver.
 
 Measures what the reliability contract promises (README, "Reliability"): no valid request fails or changes its
-answer, hostile ones get the answer `tritonpack.hostile` records, server + stub RSS after warm-up stays
+answer, hostile ones get the answer `tests/reliability/hostile.py` records, server + stub RSS after warm-up stays
 flat, and after shutdown no process of the server's group and none of its /dev/shm regions are left.
 
     python -m tests.reliability.soak dist/bert-portable --requests 10000 --concurrency 8
