@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Sequence
 
 import numpy as np
 
 from benchmarks import goals
 from benchmarks.meters import Run, alternate, ratio_summary, side_summary
-from benchmarks.sides import ConcurrentClients
+from benchmarks.sides import ConcurrentClients, TritonHttpClient
 
 BATCH = 8  # in-process batch; the served side sends one image per request at concurrency BATCH
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32) * 255
@@ -39,22 +38,6 @@ def images(n: int, seed: int = 5) -> list[bytes]:
         Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
         out.append(buffer.getvalue())
     return out
-
-
-class ImageClient:
-    def __init__(self, url: str, model: str):
-        import tritonclient.http as client_module
-
-        self.model = model
-        self.client = client_module.InferenceServerClient(url)
-
-    def embed(self, encoded: Sequence[bytes]) -> np.ndarray:
-        from tritonpack.client import scores
-
-        return scores("", self.model, encoded, client=self.client)
-
-    def close(self) -> None:
-        self.client.close()
 
 
 class DaliTorchInProcess:
@@ -119,6 +102,8 @@ def run_pil(batches: list[list[bytes]]) -> Run:
 
 def measure(bench) -> dict:
     """Builds resnet_pt (portable, random weights), serves it, alternates the sides."""
+    from tritonpack.client import scores
+
     s = bench.settings
     count = 4 if s.mode == "smoke" else 16
     encoded = images(count, s.seed)
@@ -130,7 +115,7 @@ def measure(bench) -> dict:
     direct_pre = direct.preprocess(encoded[:4])
     pil_pre = np.stack([pil_preprocess(b) for b in encoded[:4]])
     server = bench.serve(built.repository)
-    served = ConcurrentClients(lambda: ImageClient(server.url, "resnet_pt"))
+    served = ConcurrentClients(lambda: TritonHttpClient(server.url, "resnet_pt", scores))
     try:
         served.send(singles[:BATCH], BATCH)
         bench.log("served resnet_pt (1 image/request, c=8) ÷ DALI + torch in-process (batch 8)")

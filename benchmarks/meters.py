@@ -164,14 +164,9 @@ BENCH_PACKAGES = ("nvidia-pytriton", "tritonclient", "openvino", "onnxruntime", 
 
 
 def versions(names: Sequence[str] = BENCH_PACKAGES) -> dict:
-    from importlib.metadata import PackageNotFoundError, version
+    from benchmarks import peer_worker
 
-    found = {}
-    for name in names:
-        with contextlib.suppress(PackageNotFoundError):
-            found[name] = version(name)
-    found["tritonserver"] = "2.51 (bundled in nvidia-pytriton 0.7.0)"
-    return found
+    return {**peer_worker.versions(names), "tritonserver": "2.51 (bundled in nvidia-pytriton 0.7.0)"}
 
 
 def busiest_processes(top: int = 5) -> list[dict]:

@@ -27,9 +27,10 @@ PACKAGES = ("sentence-transformers", "infinity-emb", "torch", "transformers", "t
             "optimum-intel", "optimum-onnx", "onnxruntime", "numpy")
 
 
-def versions() -> dict:
+def versions(names=PACKAGES) -> dict:
+    """The installed version of each of `names` that is installed."""
     found = {}
-    for name in PACKAGES:
+    for name in names:
         try:
             found[name] = version(name)
         except PackageNotFoundError:

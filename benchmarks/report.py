@@ -52,12 +52,13 @@ def summary_rows(report: dict) -> list[dict]:
                        f"{same.get('sentences_per_request')} sentences/request, c=1", same.get("ratio"))
     rows += _ratio_row("dynamic_batching_on_over_off", "dynamic batching on ÷ off, c=8",
                        report.get("dynamic_batching", {}).get("ratio"))
+    sizes = report.get("sizes", {})
     for key, suffix, tarball in (("mme", "", "bert"), ("mme_no_env", "_no_env", "bert built --no-env")):
         mme = report.get(key, {})
         memory = mme.get("memory")
         if memory:
             rows.append(_row(f"one_model_pss_mb{suffix}", f"tritonserver + stubs with one {tarball} loaded (PSS, MB)",
-                             memory["one_model_total_pss_mb"], "MB", goals.ONE_MODEL_PSS_MB, memory["met"],
+                             memory["one_model_total_pss_mb"], "MB", memory["target_one_model_mb"], memory["met"],
                              higher=False))
             rows.append(_row(f"per_additional_model_mb{suffix}", f"each additional loaded {tarball} (PSS, MB)",
                              memory["per_additional_model_pss_mb"], "MB", higher=False))
@@ -67,16 +68,13 @@ def summary_rows(report: dict) -> list[dict]:
         if cold:
             rows.append(_row(f"cold_start_s{suffix}", f"local MME: {tarball} tarball on disk → first answer (s)",
                              cold["first_answer_s_median"], "s", cold["target_s"], cold["met"], higher=False))
-        if "tarball_mb" in mme:
-            rows.append(_row(f"tarball_mb{suffix}", f"{tarball} tarball (MB)", mme["tarball_mb"], "MB",
-                             goals.TARBALL_MB, mme["tarball_mb"] <= goals.TARBALL_MB, higher=False))
-    sizes = report.get("sizes", {})
-    if "tarball_mb" in sizes:
-        rows.append(_row("tarball_mb", f"{sizes['tarball']} (MB)", sizes["tarball_mb"], "MB",
-                         sizes["tarball_target_mb"], sizes["tarball_met"], higher=False))
+        size = sizes if key == "mme" else mme  # the default tarball's size is measured with the environments'
+        if "tarball_mb" in size:
+            rows.append(_row(f"tarball_mb{suffix}", f"{size['tarball']}: {tarball} (MB)", size["tarball_mb"], "MB",
+                             size["tarball_target_mb"], size["tarball_met"], higher=False))
     if sizes.get("text_env_mb") is not None:
         rows.append(_row("text_env_mb", "packed text environment (MB)", sizes["text_env_mb"], "MB",
-                         goals.TEXT_ENV_MB, sizes["text_env_mb"] <= goals.TEXT_ENV_MB, higher=False))
+                         sizes["text_env_target_mb"], sizes["text_env_met"], higher=False))
     image = report.get("images", {})
     rows += _ratio_row("served_resnet_over_in_process", "served resnet_pt ÷ DALI + TorchScript in-process",
                        image.get("served_over_in_process"))

@@ -122,7 +122,7 @@ class Bench:
             if self.settings.without_env:  # for a server whose Python has the packages (environment.yml in the image)
                 bare = self.build_variant("no-env", env=False)
                 self.attempt(results, "mme_no_env", lambda: cold_memory.measure(self, bare.tarball) |
-                             {"tarball_mb": bare.tarball.stat().st_size / 2**20})
+                             cold_memory.tarball_size(bare.tarball))
             if self.settings.images:
                 self.attempt(results, "images", lambda: images.measure(self))
         finally:

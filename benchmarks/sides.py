@@ -141,18 +141,19 @@ class ServedSide:
 
 
 class TritonHttpClient:
-    """tritonclient's HTTP client (what SageMaker's invoke path and `tritonpack infer` speak) for a text ensemble."""
+    """tritonclient's HTTP client (what SageMaker's invoke path and `tritonpack infer` speak) calling one of
+    `tritonpack.client`'s ensemble functions: `embed` (text, the default) or `scores` (images)."""
 
-    def __init__(self, url: str, model: str):
+    def __init__(self, url: str, model: str, call: Callable | None = None):
         import tritonclient.http as client_module
 
-        self.model = model
+        from tritonpack import client
+
+        self.model, self.call = model, call or client.embed
         self.client = client_module.InferenceServerClient(url)
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        from tritonpack.client import embed
-
-        return embed("", self.model, texts, client=self.client)
+    def embed(self, items: Sequence) -> np.ndarray:
+        return self.call("", self.model, items, client=self.client)
 
     def close(self) -> None:
         self.client.close()

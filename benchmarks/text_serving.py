@@ -15,7 +15,7 @@ import numpy as np
 
 from benchmarks import corpus, goals
 from benchmarks.meters import Run, alternate, ratio_summary, side_summary
-from benchmarks.sides import encoder_settings, served_tritonpack
+from benchmarks.sides import served_tritonpack
 from tritonpack import contracts
 from tritonpack.components import load_model_module
 
@@ -25,13 +25,12 @@ class SameEncoderInProcess:
 
     def __init__(self, repository: Path, model: str = "bert"):
         from google.protobuf.json_format import MessageToDict
-        from tokenizers import Tokenizer
 
         from tritonpack.spec import parse_config
 
         encoder_dir = repository / f"{model}_encoder"
         config = parse_config((encoder_dir / "config.pbtxt").read_text())
-        params = encoder_settings(repository, model)
+        params = {k: v.string_value for k, v in config.parameters.items()}
         tokenizer_cfg = parse_config((repository / f"{model}_tokenizer" / "config.pbtxt").read_text())
         tok_params = {k: v.string_value for k, v in tokenizer_cfg.parameters.items()}
         self.runtime = f"{params['framework']} {params.get('precision', 'fp32')}" + \
@@ -49,17 +48,13 @@ class SameEncoderInProcess:
         if self.runner.warming is not None:  # pack shapes warm in the background: not timed
             self.runner.warming.join()
         self.pool = load_model_module("mean_pooling", "pooling").mean_pool
-        self.tokenizer = Tokenizer.from_file(str(repository / f"{model}_tokenizer" / "1" / "tokenizer.json"))
-        self.tokenizer.enable_truncation(int(tok_params["max_sequence_length"]))
-        self.tokenizer.enable_padding(pad_id=self.tokenizer.token_to_id(tok_params["pad_token"]),
-                                      pad_token=tok_params["pad_token"])
+        tokenizer = load_model_module("tokenizer", "tokenize_text").TextTokenizer
+        self.tokenizer = tokenizer(str(repository / f"{model}_tokenizer" / "1" / "tokenizer.json"),
+                                   int(tok_params["max_sequence_length"]), tok_params["pad_token"],
+                                   "token_type_ids" in self.runner.input_names)
 
     def embed(self, sentences: list[str]) -> np.ndarray:
-        encodings = self.tokenizer.encode_batch(sentences)
-        item = {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
-                "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
-                "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
-        item = {n: item[n] for n in self.runner.input_names}
+        item = self.tokenizer(sentences)
         result = self.runner._run([item])[0]
         if contracts.TEXT.output in result:  # the encoder pools itself
             return result[contracts.TEXT.output]

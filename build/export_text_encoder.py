@@ -26,6 +26,7 @@ import numpy as np
 from tritonpack import CARD_ROOT, contracts
 from tritonpack.build.text_source import SentenceTransformerSource
 from tritonpack.cache import producer
+from tritonpack.ensembles.text import ENCODER_WEIGHTS
 
 RUNNER_DIR = CARD_ROOT / "models" / "framework_runner"
 OPSET = 17
@@ -252,9 +253,6 @@ def encoder_packed(out_dir: Path, source: SentenceTransformerSource, pooled: boo
     _check(f"packed{' and pooled' if pooled else ''} ONNX", source, diff)
 
 
-IR_WEIGHTS = ("fp16", "fp32")  # how an OpenVINO IR stores its weights
-
-
 @producer("text-encoder-openvino-ir", libraries=("openvino",))
 def openvino_ir(out_dir: Path, model: Path, weights: str) -> None:
     """`model.xml` + `model.bin`: the export `model` (ONNX) as OpenVINO IR, weights stored in fp16 (half the file;
@@ -262,8 +260,8 @@ def openvino_ir(out_dir: Path, model: Path, weights: str) -> None:
     the openvino_check below must accept before it ships."""
     import openvino as ov
 
-    if weights not in IR_WEIGHTS:
-        raise ValueError(f"IR weights are stored as {' or '.join(IR_WEIGHTS)}, not {weights!r}")
+    if weights not in ENCODER_WEIGHTS:
+        raise ValueError(f"IR weights are stored as {' or '.join(ENCODER_WEIGHTS)}, not {weights!r}")
     ov.save_model(ov.Core().read_model(str(model)), str(out_dir / "model.xml"), compress_to_fp16=weights == "fp16")
 
 

@@ -15,7 +15,7 @@ from tritonpack.archive import ArchiveLimits
 from tritonpack.check import check, inspect_env
 from tritonpack.components import Artifact, StepSettings, framework_model, python_model
 from tritonpack.containers import container_python, containers_for
-from tritonpack.env import environment_for, required_modules
+from tritonpack.env import environment_for, envs_covering, required_modules
 from tritonpack.envpack import EnvSpec, extra_strip, known_envs, pack_env, pack_prefix
 from tritonpack.spec import DynamicBatching, ModelSpec, Tensor
 
@@ -36,11 +36,16 @@ def python_spec(name: str) -> ModelSpec:
 
 
 def test_environment_for_picks_smallest_env_when_model_imports_beyond_numpy(tmp_path):
-    assert environment_for(python_model(python_spec("tok"), "tokenizer")) == ("text", set())
-    assert environment_for(python_model(python_spec("pool"), "mean_pooling")) == (None, set())
-    assert environment_for(runner("onnx", tmp_path)) == ("onnx", set())
-    assert environment_for(runner("openvino", tmp_path)) == ("openvino", set())
-    assert environment_for(runner("torchscript", tmp_path)) == (None, {"torch"})
+    assert environment_for(python_model(python_spec("tok"), "tokenizer")) == (("text",), set())
+    assert environment_for(python_model(python_spec("pool"), "mean_pooling")) == ((), set())
+    assert environment_for(runner("onnx", tmp_path)) == (("onnx",), set())
+    assert environment_for(runner("openvino", tmp_path)) == (("openvino",), set())
+    assert environment_for(runner("torchscript", tmp_path)) == ((), {"torch"})
+
+
+def test_envs_covering_packs_several_envs_together_when_no_single_one_has_every_import():
+    assert envs_covering({"tokenizers", "onnxruntime"}) == (("onnx", "text"), set())
+    assert envs_covering({"tokenizers", "torch"}) == (("text",), {"torch"})
 
 
 def test_required_modules_ignore_stdlib_and_siblings_when_reading_sources():

@@ -38,19 +38,24 @@ def required_modules(sources: Mapping[str, str | bytes], parameters: Mapping[str
     return {m for m in modules - siblings - STUB_MODULES if m not in sys.stdlib_module_names}
 
 
-def environment_for(folder: ModelFolder) -> tuple[str | None, set[str]]:
-    """(env name or None, modules no env provides) for a model folder; numpy-only models need no env."""
-    if folder.spec.backend != "python":
-        return None, set()
-    sources = {name: Path(path).read_bytes() for name, path in folder.files.items() if name.endswith(".py")}
-    needs = required_modules(sources, dict(folder.spec.parameters))
+def envs_covering(needs: set[str]) -> tuple[tuple[str, ...], set[str]]:
+    """The packed environments that provide `needs` — the smallest one that has them all, else each one that has
+    some of them (they are packed as one) — and what no environment provides."""
     if not needs:
-        return None, set()
-    candidates = [name for name, provides in PROVIDES.items() if needs <= provides]
-    if not candidates:
-        covered = set().union(*(p for p in PROVIDES.values() if p & needs))
-        return None, needs - covered
-    return min(candidates, key=lambda n: len(PROVIDES[n])), set()
+        return (), set()
+    whole = [name for name, provides in PROVIDES.items() if needs <= provides]
+    if whole:
+        return (min(whole, key=lambda n: len(PROVIDES[n])),), set()
+    parts = tuple(sorted(name for name, provides in PROVIDES.items() if provides & needs))
+    return parts, needs - set().union(*(PROVIDES[name] for name in parts))
+
+
+def environment_for(folder: ModelFolder) -> tuple[tuple[str, ...], set[str]]:
+    """(the environments a model folder runs in, modules no env provides); numpy-only models need none."""
+    if folder.spec.backend != "python":
+        return (), set()
+    sources = {name: Path(path).read_bytes() for name, path in folder.files.items() if name.endswith(".py")}
+    return envs_covering(required_modules(sources, dict(folder.spec.parameters)))
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,6 @@ class EnvPlan:
     top_files: dict[str, Path]  # the environment's file at the top of the repository
     environment: dict | None  # PackedEnv.info(); None when every python model needs numpy only
     users: list[str]  # the models that run in it
-    unprovided: dict[str, list[str]]  # model name → what the server's Python must have (no environment carries)
 
 
 def attach_environment(folders: Iterable[ModelFolder], cache: ArtifactCache, python: str | None = None,
@@ -73,30 +77,30 @@ def attach_environment(folders: Iterable[ModelFolder], cache: ArtifactCache, pyt
     needs = {folder.spec.name: environment_for(folder) for folder in folders}
     if any(missing for _, missing in needs.values()):
         return None
-    members = tuple(sorted({env for env, _ in needs.values() if env}))
+    members = tuple(sorted({env for envs, _ in needs.values() for env in envs}))
     if not members:
-        return EnvPlan(folders, {}, None, [], {})
+        return EnvPlan(folders, {}, None, [])
     packed = cached_env(cache, members, python, method)
     value = f"{MODEL_DIR_VAR}/../{packed.filename}"
-    users = [name for name, (env, _) in needs.items() if env]
+    users = [name for name, (envs, _) in needs.items() if envs]
     out = [ModelFolder(replace(f.spec, parameters={**dict(f.spec.parameters), ENV_PARAMETER: value}), f.files)
            if f.spec.name in users else f for f in folders]
-    return EnvPlan(out, {packed.filename: packed.path}, packed.info(), users, {})
+    return EnvPlan(out, {packed.filename: packed.path}, packed.info(), users)
 
 
 def manifest_fields(folders: Iterable[ModelFolder], plan: EnvPlan | None) -> dict:
     """What the manifest says about Python: the environment, the Python it is for, and the containers that run it;
     without a plan (a local-only repository), what the server's Python would have to provide."""
+    unprovided = {}
     if plan is None:
-        unprovided = {}
         for folder in folders:
-            env, missing = environment_for(folder)
-            needs = (PROVIDES[env] if env else set()) | missing
+            envs, missing = environment_for(folder)
+            needs = set().union(*(PROVIDES[env] for env in envs)) | missing
             if needs:
                 unprovided[folder.spec.name] = sorted(needs)
         environment, users = None, []
     else:
-        environment, users, unprovided = plan.environment, plan.users, plan.unprovided
+        environment, users = plan.environment, plan.users
     python = environment["python"] if environment else None
     if unprovided:
         containers = []  # stock containers have numpy only; the server's Python must be extended first

@@ -217,8 +217,7 @@ def _venv_env(spec: EnvSpec, python: str, prefix: Path) -> None:
     _run([_interpreter(python), "-m", "venv", "--without-pip", str(prefix)])
     _run([sys.executable, "-m", "pip", "--python", str(prefix / "bin" / "python"), "install", "--quiet",
           "--no-compile", "--no-deps", "--disable-pip-version-check", *spec.packages])
-    strip_env(prefix, spec.extra_strip(python))
-    _run([str(prefix / "bin" / "python"), "-c", "; ".join(f"import {m}" for m in spec.import_check())])
+    _strip_and_prove(spec, python, prefix)
 
 
 def _conda_env(spec: EnvSpec, python: str, prefix: Path) -> None:  # pragma: no cover - no conda on CI
@@ -226,6 +225,11 @@ def _conda_env(spec: EnvSpec, python: str, prefix: Path) -> None:  # pragma: no 
           "pip"])
     _run([str(prefix / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile", "--no-deps",
           *spec.packages])
+    _strip_and_prove(spec, python, prefix)
+
+
+def _strip_and_prove(spec: EnvSpec, python: str, prefix: Path) -> None:
+    """Delete what no served model imports, then import what the env provides with the env's own Python."""
     strip_env(prefix, spec.extra_strip(python))
     _run([str(prefix / "bin" / "python"), "-c", "; ".join(f"import {m}" for m in spec.import_check())])
 

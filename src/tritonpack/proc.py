@@ -122,6 +122,11 @@ class Memory:
     shmem: int
 
 
+def available_kb() -> int:
+    """Memory the machine can still give without swapping (`MemAvailable`)."""
+    return _kb_fields(PROC / "meminfo")["MemAvailable"]
+
+
 def _kb_fields(path: Path) -> dict[str, int]:
     values = {}
     for line in path.read_text().splitlines():

@@ -265,7 +265,7 @@ class TritonServer:
             time.sleep(0.05)
         for region in regions:
             with suppress(OSError):
-                (Path("/dev/shm") / region).unlink()
+                (proc.SHM / region).unlink()
 
     def __enter__(self) -> TritonServer:
         return self.start() if self.process is None else self

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from tests.mme_support import SERVER_KILLER, STUB_KILLER, python_model_tarball, text_body
 from tests.reliability import hostile
+from tritonpack.mme.container import TARGET_HEADER
 from tritonpack.mme.metrics import parse_metrics
 from tritonpack.proc import group_members
 from tritonpack.server import free_port
@@ -77,7 +78,7 @@ class LoadReport:
 
 def invoke(url: str, target: str) -> tuple[int, str]:
     request = urllib.request.Request(f"{url}/endpoints/local/invocations", data=text_body(), method="POST",
-                                     headers={"X-Amzn-SageMaker-Target-Model": target,
+                                     headers={TARGET_HEADER: target,
                                               "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=120) as response:

@@ -31,6 +31,7 @@ class CheckReport:
     models: list[str] = field(default_factory=list)
     ensemble: str | None = None  # the entry point: the ensemble, or the only model
     configs: dict = field(default_factory=dict, repr=False)  # model folder → parsed ModelConfig
+    envs: dict = field(default_factory=dict, repr=False)  # packed environment's path → what it holds (EnvInfo)
 
     @property
     def ok(self) -> bool:
@@ -98,7 +99,7 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
         configs[folder] = cfg
         problems.extend(_model_problems(tree, folder, cfg, py_target, py_source, warnings,
                                         local_only, server_has or (lambda module: False)))
-    report.models, report.configs = sorted(configs), configs
+    report.models, report.configs, report.envs = sorted(configs), configs, tree.envs
     ensembles = sorted(name for name, cfg in configs.items() if cfg.platform == "ensemble")
     entry, entry_problems = _entry_point(label, top_dirs, top_files, configs, ensembles)
     problems.extend(entry_problems)
@@ -204,6 +205,16 @@ def _per_gpu_plan_problems(tree: Tree, vdir: str, cfg, expected) -> list[Problem
     return problems
 
 
+def env_member(folder: str, value: str) -> str | None:
+    """The repository path an `EXECUTION_ENV_PATH` of model `folder` names (`$$TRITON_MODEL_DIRECTORY/…`); None when
+    it leads outside the repository."""
+    relative = value[len(MODEL_DIR_VAR) + 1:]
+    resolved = posixpath.normpath(posixpath.join(folder, relative))
+    if relative.startswith("/") or resolved == ".." or resolved.startswith("../"):
+        return None
+    return resolved
+
+
 def _env_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_source: str,
                   warnings: list[Problem], local_only: bool, server_has: Callable[[str], bool]) -> list[Problem]:
     config_path = f"{folder}/config.pbtxt"
@@ -216,11 +227,11 @@ def _env_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_source
         needs = {module for module in needs if not server_has(module)}
         if not needs:
             return []
-        from tritonpack.env import PROVIDES
+        from tritonpack.env import envs_covering
 
         if local_only:
             fix = "this is the local-only repository: deploy its .tar.gz, which carries the environment"
-        elif needs <= set().union(*PROVIDES.values()):
+        elif not envs_covering(needs)[1]:
             fix = "build the tarball with its environment (the default; drop --no-env)"
         else:
             fix = "no packed environment carries them (too large for an MME tarball): deploy the cpu or gpu target"
@@ -230,9 +241,8 @@ def _env_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_source
     if not value.startswith(MODEL_DIR_VAR + "/"):
         return [Problem(config_path, where, f"{value!r} must start with {MODEL_DIR_VAR}/ so the env travels "
                                             f"inside the repository")]
-    relative = value[len(MODEL_DIR_VAR) + 1:]
-    resolved = posixpath.normpath(posixpath.join(folder, relative))
-    if relative.startswith("/") or resolved == ".." or resolved.startswith("../"):
+    resolved = env_member(folder, value)
+    if resolved is None:
         return [Problem(config_path, where, f"{value!r} leads outside the repository")]
     if resolved not in tree.files:
         return [Problem(config_path, where, f"{value!r}: {resolved} does not exist")]

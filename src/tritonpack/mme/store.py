@@ -132,30 +132,24 @@ class Prepared:
     model_dir: Path
 
 
-def serve_without_foreign_environments(model_dir: Path, python: str | None) -> list[str]:
+def serve_without_foreign_environments(model_dir: Path, report, python: str | None) -> list[str]:
     """The local stub runs one Python: a model whose packed environment is for another (the default tarball's is
-    for the SageMaker container's) runs with this interpreter's packages instead — `check` has verified the
-    environment's Python and contents against the tarball's own target. Edits the extracted copy only; says what
-    it did, one line per model."""
-    from tritonpack.archive import ArchiveLimits
-    from tritonpack.backends import ENV_PARAMETER, MODEL_DIR_VAR
-    from tritonpack.check.tree import inspect_env
-    from tritonpack.spec import parse_config, render_config
+    for the SageMaker container's) runs with this interpreter's packages instead — `report` (the tarball's
+    `check`) has verified the environment's Python and contents against the tarball's own target. Edits the
+    extracted copy only; says what it did, one line per model."""
+    from tritonpack.backends import ENV_PARAMETER
+    from tritonpack.check.structure import env_member
+    from tritonpack.spec import render_config
 
-    said, pythons = [], {}
-    for config_path in sorted(model_dir.glob("*/config.pbtxt")):
-        config = parse_config(config_path.read_text())
-        if ENV_PARAMETER not in config.parameters or python is None:
+    said = []
+    for folder, config in sorted(report.configs.items()):
+        if python is None or ENV_PARAMETER not in config.parameters:
             continue
-        env = (config_path.parent / config.parameters[ENV_PARAMETER].string_value.replace(
-            MODEL_DIR_VAR, ".", 1)).resolve()
-        if env not in pythons:
-            with open(env, "rb") as f:
-                pythons[env] = inspect_env(f, env.name, ArchiveLimits()).python
-        if pythons[env] != python:
+        env = report.envs.get(env_member(folder, config.parameters[ENV_PARAMETER].string_value))
+        if env is not None and env.python != python:
             del config.parameters[ENV_PARAMETER]
-            config_path.write_text(render_config(config))
-            said.append(f"{config.name}: its packed environment is for Python {pythons[env]}, the local stub runs "
+            (model_dir / folder / "config.pbtxt").write_text(render_config(config))
+            said.append(f"{config.name}: its packed environment is for Python {env.python}, the local stub runs "
                         f"{python}: served with this interpreter's packages instead")
     return said
 
@@ -217,7 +211,7 @@ class TargetStore:
             except ArchiveError as e:  # changed between the check and the extraction
                 raise TargetError(400, f"{target} is not deployable: unsafe archive, nothing extracted",
                                   [str(p) for p in e.problems]) from e
-            for skipped in serve_without_foreign_environments(model_dir, self.python):
+            for skipped in serve_without_foreign_environments(model_dir, report, self.python):
                 log.warning("%s: %s", target, skipped)
             return model_dir
         finally:

@@ -19,13 +19,13 @@ import numpy as np
 
 from tritonpack.check.deep.model import (
     DYNAMIC_SIZE,
-    NUMPY_OF_TRITON,
     DeepModel,
     Findings,
     compare_trial_outputs,
     error_text,
     shape_text,
 )
+from tritonpack.spec import NUMPY_DTYPES
 
 GPU_DEVICES = frozenset({"gpu", "mixed"})
 
@@ -211,7 +211,7 @@ def _trial_run(model: DeepModel, out: Findings, serialized: bytes) -> None:
         dims = tensor.dims if model.max_batch_size > 0 else tensor.dims[1:]
         if tensor.data_type == "TYPE_UINT8" and len(dims) == 1:  # encoded bytes, as image clients send them
             return np.frombuffer(sample_jpeg(), dtype=np.uint8)
-        return np.ones(tuple(DYNAMIC_SIZE if d == -1 else d for d in dims), dtype=NUMPY_OF_TRITON[tensor.data_type])
+        return np.ones(tuple(DYNAMIC_SIZE if d == -1 else d for d in dims), dtype=NUMPY_DTYPES[tensor.data_type])
 
     threads = int(model.parameter("num_threads") or 1)
     try:

@@ -16,8 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonpack.archive import Problem
 from tritonpack.spec import NUMPY_DTYPES
 
-NUMPY_OF_TRITON = NUMPY_DTYPES
-TRITON_OF_NUMPY = {v: k for k, v in NUMPY_OF_TRITON.items()}
+TRITON_OF_NUMPY = {v: k for k, v in NUMPY_DTYPES.items()}
 DYNAMIC_SIZE = 8  # what a -1 dimension becomes in the inputs of the trial run (tokens, pixels, elements)
 TRIAL_BATCH = 2  # a batched model's trial run takes 2 rows: an artifact exported for batch 1 shows it
 
@@ -117,7 +116,7 @@ class DeepModel:
         if tensor.data_type in ("TYPE_BF16", "TYPE_INVALID"):
             raise TrialInputUnavailable(f"input '{tensor.name}' is {tensor.data_type}, which numpy cannot make: the "
                                         f"artifact was checked but not run")
-        return np.ones(shape, dtype=NUMPY_OF_TRITON[tensor.data_type])
+        return np.ones(shape, dtype=NUMPY_DTYPES[tensor.data_type])
 
 
 @dataclass
