@@ -25,7 +25,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("full", "smoke"), default=os.environ.get("BENCH") or "full",
                    help="smoke: small corpus, one repetition, no peer installs (CI); default from $BENCH, else full")
     p.add_argument("--repetitions", type=int, help="alternations per comparison (full: 3, smoke: 1)")
-    p.add_argument("--sentences", type=int, help="timed corpus size (full: 128, smoke: 48)")
+    p.add_argument("--sentences", type=int, help="timed corpus size (full: 512, smoke: 48)")
     p.add_argument("--concurrency", help="served sides' concurrencies, comma-separated (full: 1,4,8,16,32)")
     p.add_argument("--peers", choices=("all", "cached", "none"),
                    help="peers in their own venvs — all: make missing venvs (full) | cached: only venvs made "
