@@ -161,10 +161,9 @@ class TritonHttpClient:
 
 def encoder_settings(repository: Path, model: str = "bert") -> dict[str, str]:
     """The served encoder's parameters from its config.pbtxt (framework, precision, packing …)."""
-    from tritonpack.spec import parse_config
+    from tritonpack.spec import config_parameters, parse_config
 
-    config = parse_config((Path(repository) / f"{model}_encoder" / "config.pbtxt").read_text())
-    return {k: v.string_value for k, v in config.parameters.items()}
+    return config_parameters(parse_config((Path(repository) / f"{model}_encoder" / "config.pbtxt").read_text()))
 
 
 def served_tritonpack(server, repository: Path, model: str = "bert") -> ServedSide:

@@ -26,13 +26,13 @@ class SameEncoderInProcess:
     def __init__(self, repository: Path, model: str = "bert"):
         from google.protobuf.json_format import MessageToDict
 
-        from tritonpack.spec import parse_config
+        from tritonpack.spec import config_parameters, parse_config
 
         encoder_dir = repository / f"{model}_encoder"
         config = parse_config((encoder_dir / "config.pbtxt").read_text())
-        params = {k: v.string_value for k, v in config.parameters.items()}
+        params = config_parameters(config)
         tokenizer_cfg = parse_config((repository / f"{model}_tokenizer" / "config.pbtxt").read_text())
-        tok_params = {k: v.string_value for k, v in tokenizer_cfg.parameters.items()}
+        tok_params = config_parameters(tokenizer_cfg)
         self.runtime = f"{params['framework']} {params.get('precision', 'fp32')}" + \
             (f", packed ≤ {params['max_pack_tokens']} tokens" if "max_pack_tokens" in params else "")
         runner = load_model_module("framework_runner", "runner_batching")

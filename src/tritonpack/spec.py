@@ -256,3 +256,8 @@ def override_fields(settings, overrides):
 def parse_config(text: str) -> mc.ModelConfig:
     """Parse a `config.pbtxt` with Triton's schema; raises `text_format.ParseError` naming line and field."""
     return text_format.Parse(text, mc.ModelConfig())
+
+
+def config_parameters(cfg: mc.ModelConfig) -> dict[str, str]:
+    """A config's `parameters` as plain strings (what a python model reads from `args["model_config"]`)."""
+    return {key: value.string_value for key, value in cfg.parameters.items()}

@@ -16,7 +16,7 @@ from google.protobuf import text_format
 from tritonpack.archive import Problem
 from tritonpack.backends import ENV_PARAMETER, LOADED_FILES, MODEL_DIR_VAR
 from tritonpack.check.tree import Tree
-from tritonpack.spec import parse_config
+from tritonpack.spec import config_parameters, parse_config
 from tritonpack.wiring import wiring_problems
 
 MAX_MODELS_WITHOUT_WARNING = 5
@@ -222,7 +222,7 @@ def _env_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_source
     from tritonpack.env import required_modules
 
     sources = {n: t for n, t in tree.texts.items() if n.startswith(folder + "/") and n.endswith(".py")}
-    needs = required_modules(sources, {k: v.string_value for k, v in cfg.parameters.items()})
+    needs = required_modules(sources, config_parameters(cfg))
     if ENV_PARAMETER not in cfg.parameters:
         needs = {module for module in needs if not server_has(module)}
         if not needs:
