@@ -9,6 +9,8 @@
   inside the graph into a fixed number of sentence slots (the portable runner's encoder).
 - `openvino_ir`: an export as OpenVINO IR (`model.xml` + `model.bin`), its weights stored in 16 bits or 32.
 - `openvino_check`: the cosine of an export run by OpenVINO at a precision on this CPU, against PyTorch.
+- `encoder_reference`: the check texts' tokens and PyTorch embeddings, shipped beside a portable encoder whose
+  precision the serving CPU picks: its runner checks itself against them at load (runner_batching.py).
 
     python -m tritonpack.build.export_text_encoder MODEL_DIR OUT_DIR [--torchscript]
 """
@@ -310,6 +312,17 @@ def openvino_check(out_dir: Path, source: SentenceTransformerSource, model: Path
     print(f"openvino {precision} ({ran}), {stored} weights, {source.path.name}: min embedding cosine {cosine:.6f}")
     (out_dir / "check.json").write_text(json.dumps({"precision": precision, "ran": ran, "weights": stored,
                                                     "min_cosine": cosine}))
+
+
+@producer("text-encoder-reference", libraries=("torch", "transformers", "tokenizers"))
+def encoder_reference(out_dir: Path, source: SentenceTransformerSource) -> None:
+    """`reference.npz`: the check texts as the served tokenizer gives them (right-padded `input_ids`,
+    `attention_mask`[, `token_type_ids`]), their mean-pooled, L2-normalised PyTorch embeddings (`embedding`) and the
+    floor (`min_cosine`) the runner must reach on them wherever it is loaded."""
+    inputs = check_inputs(source)
+    embedding = mean_pooled(_expected(source, inputs), inputs["attention_mask"], normalize=True)
+    np.savez(out_dir / "reference.npz", **inputs, embedding=embedding.astype(np.float32),
+             min_cosine=np.float64(MIN_EMBEDDING_COSINE))
 
 
 def _stored_weights(model: Path) -> str:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pytest
 
 from tests.fake_pb_utils import InferenceRequest, Tensor, TritonError
 from tests.reliability.soak import EMBEDDING_ATOL
 from tests.texts import assert_embeddings_match
+from tritonpack.components import ModelFolder
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +83,70 @@ def test_pooling_model_splits_results_per_request_when_batched(model_folders, py
     for t, a in zip(together, alone):
         np.testing.assert_allclose(t, a, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(np.linalg.norm(t, axis=1), 1.0, rtol=1e-5)
+
+
+def test_encoder_runner_checks_itself_against_the_build_reference_when_loaded(bert, python_model):
+    from tests.fake_pb_utils import Logger
+
+    Logger.messages.clear()
+    python_model(bert["bert_encoder"])
+    (line,) = [m for level, m in Logger.messages if level == "info" and m.startswith("reference texts")]
+    cosine = float(line.split("min cosine ")[1].split()[0])
+    assert 0.9999 <= cosine <= 1.000001  # fp16 weights, this CPU's precision, against PyTorch in fp32
+
+
+def test_encoder_runner_refuses_to_load_when_its_artifact_is_not_what_the_reference_was_built_from(
+        bert, python_model, tmp_path):
+    folder = bert["bert_encoder"]
+    with np.load(folder.files["1/reference.npz"]) as data:
+        reference = {name: data[name] for name in data.files}
+    reference["embedding"] = np.roll(reference["embedding"], 1, axis=0)  # another model's embeddings, in effect
+    np.savez(tmp_path / "reference.npz", **reference)
+    tampered = ModelFolder(folder.spec, {**folder.files, "1/reference.npz": tmp_path / "reference.npz"})
+    with pytest.raises(RuntimeError, match=r"reference\.npz: embeddings of its 4 reference texts reach min cosine "
+                                           r"0\.\d+ < 0\.9999 \(f32 on this CPU\): model\.xml is not the artifact the "
+                                           r"build checked; rebuild"):
+        python_model(tampered)
+
+
+def test_encoder_runner_reopens_in_fp32_when_bf16_drifts_below_the_floor_on_this_cpu(bert, tmp_path):
+    """No CPU here computes bf16: the drifting bf16 session is a stand-in (the real session plus noise); the fp32
+    session it falls back to is the real OpenVINO one."""
+    from google.protobuf import json_format
+
+    from tests.fake_pb_utils import Logger, module
+    from tritonpack.components import load_model_module
+
+    runner = load_model_module("framework_runner", "runner_batching")
+    openvino = load_model_module("framework_runner", "openvino_session")
+    folder = bert["bert_encoder"]
+    (tmp_path / "1").mkdir()
+    for relative, path in folder.files.items():
+        if not relative.endswith(".py"):
+            (tmp_path / relative).symlink_to(path.resolve())
+    opened = []
+
+    class DriftingBf16Runner(runner.FrameworkRunnerModel):
+        pb_utils = module()
+
+        def open_session(self, path, params):
+            opened.append(params["precision"])
+            session = openvino.open_session(path, params)
+            if params["precision"] != "bf16":
+                return session
+
+            def drifting(inputs):
+                return {name: value + 0.05 for name, value in session(inputs).items()}
+            drifting.computes = "bf16"
+            return drifting
+
+    Logger.messages.clear()
+    model = DriftingBf16Runner()
+    config = json_format.MessageToDict(folder.spec.to_proto(), preserving_proto_field_name=True)
+    model.initialize({"model_config": json.dumps(config), "model_repository": str(tmp_path), "model_version": "1"})
+    model.finalize()
+    assert opened == ["bf16", "fp32"]
+    warning, info = [m for level, m in Logger.messages if m.startswith(("bf16 on this CPU", "reference texts"))]
+    assert re.fullmatch(r"bf16 on this CPU: min cosine 0\.\d+ < 0\.9999 on the build's 4 reference texts; running "
+                        r"fp32 instead", warning)
+    assert re.fullmatch(r"reference texts: min cosine (0\.9999\d+|1\.0+) to the build's \(f32\)", info)

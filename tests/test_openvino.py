@@ -79,6 +79,20 @@ def test_build_check_rejects_precision_when_embeddings_drift(encoder, monkeypatc
         export_text_encoder.openvino_check(tmp_path, source=source, model=onnx, precision="fp32", packed=False)
 
 
+def test_reference_holds_the_check_texts_tokens_and_sentence_transformers_embeddings_when_built(artifact_cache):
+    from sentence_transformers import SentenceTransformer
+
+    source = SentenceTransformerSource.resolve(None)
+    with np.load(artifact_cache.get(export_text_encoder.encoder_reference, source=source) / "reference.npz") as ref:
+        reference = {name: ref[name] for name in ref.files}
+    texts = export_text_encoder.CHECK_TEXTS
+    expected = SentenceTransformer(str(source.path), device="cpu").encode(texts)
+    assert set(reference) == {"input_ids", "attention_mask", "token_type_ids", "embedding", "min_cosine"}
+    np.testing.assert_array_equal(reference["input_ids"], tokens(source, texts)["input_ids"])
+    np.testing.assert_allclose(reference["embedding"], expected, atol=1e-5)
+    assert float(reference["min_cosine"]) == export_text_encoder.MIN_EMBEDDING_COSINE
+
+
 @pytest.fixture(scope="module")
 def packed_ir(artifact_cache):
     """The served portable encoder: packed, pooled into 64 sentence slots, as IR with fp16 and with fp32 weights."""

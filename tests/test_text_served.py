@@ -112,3 +112,13 @@ def test_served_ensemble_answers_400_for_that_request_only_when_text_is_not_utf8
         client.close()
     assert_matches(rows, reference[:6])
     assert server.is_ready()
+
+
+def test_served_encoder_checked_its_embeddings_against_the_build_reference_when_loaded(served):
+    import re
+
+    server = served("bert")
+    lines = re.findall(r"reference texts: min cosine ([\d.]+) to the build's \((bf16|f32)\)",
+                       server.log_path.read_text())
+    assert len(lines) == 1, f"one check per loaded encoder in {server.log_path}"
+    assert float(lines[0][0]) >= 0.9999

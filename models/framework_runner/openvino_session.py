@@ -48,6 +48,7 @@ class OpenVinoSession:
         }
         core = ov.Core()
         self.compiled = core.compile_model(core.read_model(path), "CPU", config)
+        self.computes = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()  # bf16 or f32 here
         self.parallel = streams
         self._idle = queue.SimpleQueue()
         for _ in range(streams):

@@ -7,7 +7,8 @@ requests. Rows of similar real length (from `attention_mask`, else whole request
 -1 are given back in each request's own shape. With `max_pack_tokens` set (a packed text encoder, see
 packing.py) rows are not padded at all: up to that many real tokens (and `max_pack_rows` sentences) run as one
 sequence, and a session that runs several calls at once (`parallel` > 1, `map`: OpenVINO's infer requests on one
-compiled model) gets each batch as that many packs together.
+compiled model) gets each batch as that many packs together. With a `reference` file (the build's texts and their
+PyTorch embeddings) the runner checks itself at load on the CPU it runs on (`_check_reference`).
 """
 
 from __future__ import annotations
@@ -64,16 +65,54 @@ class FrameworkRunnerModel:
         self.trimmed_outputs = {o["name"] for o in config["output"] if self.ragged and int(o["dims"][0]) == -1}
         self.max_pack_tokens = int(params.get("max_pack_tokens", "0"))
         self.max_pack_rows = int(params.get("max_pack_rows", "0"))
-        path = os.path.join(args["model_repository"], args["model_version"], params["artifact"])
+        folder = os.path.join(args["model_repository"], args["model_version"])
+        path = os.path.join(folder, params["artifact"])
         self.session = self.open_session(path, params)
+        checked = bool(params.get("reference"))
+        if checked:
+            self._check_reference(path, params, os.path.join(folder, params["reference"]))
         self._stop_warming = threading.Event()
         self.warming = None
         if self.max_pack_tokens:
             lengths = list(range(PACK_MULTIPLE, self.max_pack_tokens + 1, PACK_MULTIPLE))
-            self._warm(lengths[:1])  # the first call runs before any other thread uses the session
-            self.warming = threading.Thread(target=self._warm, args=(lengths[1:],), name="warm-pack-shapes",
-                                            daemon=True)
+            if not checked:  # the first call runs before any other thread uses the session (the check was one)
+                self._warm(lengths[:1])
+                lengths = lengths[1:]
+            self.warming = threading.Thread(target=self._warm, args=(lengths,), name="warm-pack-shapes", daemon=True)
             self.warming.start()
+
+    def _check_reference(self, path: str, params: dict[str, str], reference_path: str):
+        """Embed the build's reference texts and compare with the embeddings the build computed with PyTorch. The CPU
+        picks the precision (bf16 where it has native bf16, which the build's CPU may not have had): a session whose
+        reduced precision falls below the floor here is reopened in fp32; one that still does not reach it refuses to
+        load, as its artifact is not what the build checked."""
+        with np.load(reference_path) as data:
+            reference = {name: data[name] for name in data.files}
+        expected, floor = reference.pop("embedding"), float(reference.pop("min_cosine"))
+        inputs = {name: reference[name] for name in self.input_names}
+        cosine, computes = self._reference_cosine(inputs, expected), _computes(self.session)
+        if not cosine >= floor and computes != "f32":
+            self._log("warn", f"{computes} on this CPU: min cosine {cosine:.6f} < {floor} on the build's "
+                              f"{len(expected)} reference texts; running fp32 instead")
+            self.session = self.open_session(path, {**params, "precision": "fp32"})
+            cosine, computes = self._reference_cosine(inputs, expected), _computes(self.session)
+        if not cosine >= floor:
+            raise RuntimeError(f"{reference_path}: embeddings of its {len(expected)} reference texts reach min cosine "
+                               f"{cosine:.6f} < {floor} ({computes} on this CPU): {params['artifact']} is not the "
+                               f"artifact the build checked; rebuild the repository")
+        self._log("info", f"reference texts: min cosine {cosine:.6f} to the build's ({computes})")
+
+    def _reference_cosine(self, inputs: dict[str, np.ndarray], expected: np.ndarray) -> float:
+        actual = np.asarray(self._run([inputs])[0][self.output_names[0]], dtype=np.float64)
+        if actual.ndim == 3:  # token embeddings: mean-pooled over the real tokens, as the pooling step does
+            weights = inputs[MASK][:, :actual.shape[1], None]
+            actual = (actual * weights).sum(1) / np.clip(weights.sum(1), 1e-9, None)
+        actual = actual / np.linalg.norm(actual, axis=1, keepdims=True)
+        return float((actual * expected).sum(1).min())
+
+    def _log(self, level: str, message: str):
+        if self.pb_utils is not None:
+            getattr(self.pb_utils.Logger, f"log_{level}")(message)
 
     def finalize(self):
         if self.warming is not None:
@@ -147,8 +186,7 @@ class FrameworkRunnerModel:
             try:
                 self._run_all([packed_inputs([row], PACK_MULTIPLE)] * self._parallel())
             except Exception as e:  # noqa: BLE001 - not fatal: a request of that shape reports its own error
-                if self.pb_utils is not None:
-                    self.pb_utils.Logger.log_warn(f"warming pack length {length} failed: {e}")
+                self._log("warn", f"warming pack length {length} failed: {e}")
                 return
 
     def _parallel(self) -> int:
@@ -199,6 +237,11 @@ class FrameworkRunnerModel:
 
     def open_session(self, path, params):
         raise NotImplementedError
+
+
+def _computes(session) -> str:
+    """The precision a session's matrix products run in on this CPU (bf16, f32); f32 when it does not say."""
+    return getattr(session, "computes", "f32")
 
 
 def _right_padded(mask: np.ndarray) -> bool:

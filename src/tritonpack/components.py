@@ -25,6 +25,7 @@ MODELS_DIR = CARD_ROOT / "models"
 SHARED_DIR = MODELS_DIR / "shared"
 TARGETS = ("gpu", "cpu", "portable")
 VERSION = "1"
+REFERENCE_FILENAME = "reference.npz"  # beside a portable runner's artifact: what it checks itself against at load
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,9 @@ class Artifact:
     `openvino` is an ONNX file run by OpenVINO instead of ONNX Runtime, `openvino_ir` OpenVINO's own format
     (`path` is its model.xml; model.bin beside it goes along); `precision` bf16 lets OpenVINO run
     matrix products in bfloat16 (on CPUs with native bf16, fp32 elsewhere). `packed`: the file takes several
-    sentences as one sequence (models/framework_runner/packing.py), which only the portable runner feeds."""
+    sentences as one sequence (models/framework_runner/packing.py), which only the portable runner feeds.
+    `reference`: inputs and expected outputs the portable runner checks itself against at load (`reference.npz`,
+    build/export_text_encoder.py `encoder_reference`), where the serving CPU picks the precision."""
 
     framework: str
     path: Path | None  # None: only `per_gpu` files
@@ -126,6 +129,7 @@ class Artifact:
     packed: bool = False
     # TensorRT: compute capability ("8.6") → the plan built for that GPU architecture (`cc_model_filenames`)
     per_gpu: Mapping[str, Path] = field(default_factory=dict)
+    reference: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "per_gpu", dict(self.per_gpu))
@@ -217,6 +221,10 @@ def framework_model(name: str, artifact: Artifact, target: str, inputs: tuple[Te
             params["max_pack_tokens"] = str(settings.max_pack_tokens)
             if settings.max_pack_rows:
                 params["max_pack_rows"] = str(settings.max_pack_rows)
+        extra_files = dict(extra)
+        if artifact.reference is not None:
+            params["reference"] = REFERENCE_FILENAME
+            extra_files[f"{VERSION}/{REFERENCE_FILENAME}"] = artifact.reference
         if artifact.framework in ("torchscript", "graphdef"):  # the session needs the tensor names, in order
             params["input_order"] = ",".join(t.name for t in inputs)
             params["output_order"] = ",".join(t.name for t in outputs)
@@ -224,7 +232,7 @@ def framework_model(name: str, artifact: Artifact, target: str, inputs: tuple[Te
         ragged_inputs = tuple(replace(t, allow_ragged_batch=len(t.dims) > 0 and t.dims[0] == -1) for t in inputs)
         spec = ModelSpec(backend="python", inputs=ragged_inputs, parameters=params,
                          instance_group=(InstanceGroup("KIND_CPU", settings.instances),), **common)
-        return python_model(spec, "framework_runner", {**artifact.files(), **extra},
+        return python_model(spec, "framework_runner", {**artifact.files(), **extra_files},
                             dynamic_imports=(f"{kind.runner}_session",))
     if not (kind.gpu if target == "gpu" else kind.cpu):
         raise SpecError(f"model {name}: {artifact.framework} does not run on the {target} target")

@@ -10,6 +10,7 @@ from tritonpack.build.export_text_encoder import (
     encoder_fused,
     encoder_onnx,
     encoder_packed,
+    encoder_reference,
     encoder_torchscript,
     openvino_check,
     openvino_ir,
@@ -71,7 +72,9 @@ def encoder_artifact(fmt: str, target: str, source: SentenceTransformerSource, s
         else:
             model, framework = onnx, "openvino"
         cache.get(openvino_check, source=source, model=model, precision=serving.encoder_precision, packed=packed)
-        return Artifact(framework, model, serving.encoder_precision, packed=packed)
+        # The CPU that serves it picks bf16 or f32, not this one: the runner re-checks its embeddings at load.
+        reference = cache.get(encoder_reference, source=source) / "reference.npz" if target == "portable" else None
+        return Artifact(framework, model, serving.encoder_precision, packed=packed, reference=reference)
     if packed:
         return Artifact("onnx", onnx, packed=True)
     # ONNX Runtime runs the fused graph: 1.15× served throughput measured (docs/performance.md)
