@@ -221,10 +221,9 @@ def framework_model(name: str, artifact: Artifact, target: str, inputs: tuple[Te
             params["max_pack_tokens"] = str(settings.max_pack_tokens)
             if settings.max_pack_rows:
                 params["max_pack_rows"] = str(settings.max_pack_rows)
-        extra_files = dict(extra)
         if artifact.reference is not None:
             params["reference"] = REFERENCE_FILENAME
-            extra_files[f"{VERSION}/{REFERENCE_FILENAME}"] = artifact.reference
+            extra = {**extra, f"{VERSION}/{REFERENCE_FILENAME}": artifact.reference}
         if artifact.framework in ("torchscript", "graphdef"):  # the session needs the tensor names, in order
             params["input_order"] = ",".join(t.name for t in inputs)
             params["output_order"] = ",".join(t.name for t in outputs)
@@ -232,7 +231,7 @@ def framework_model(name: str, artifact: Artifact, target: str, inputs: tuple[Te
         ragged_inputs = tuple(replace(t, allow_ragged_batch=len(t.dims) > 0 and t.dims[0] == -1) for t in inputs)
         spec = ModelSpec(backend="python", inputs=ragged_inputs, parameters=params,
                          instance_group=(InstanceGroup("KIND_CPU", settings.instances),), **common)
-        return python_model(spec, "framework_runner", {**artifact.files(), **extra_files},
+        return python_model(spec, "framework_runner", {**artifact.files(), **extra},
                             dynamic_imports=(f"{kind.runner}_session",))
     if not (kind.gpu if target == "gpu" else kind.cpu):
         raise SpecError(f"model {name}: {artifact.framework} does not run on the {target} target")
