@@ -135,6 +135,11 @@ def artifact_changed(root):
     (root / "enc" / "1" / "model.onnx").write_bytes(b"other bytes")
 
 
+def runner_file_missing(root):
+    with open(root / "pre" / "config.pbtxt", "a") as config:
+        config.write('parameters { key: "reference" value { string_value: "reference.npz" } }\n')
+
+
 ENV_FIELD = "parameters.EXECUTION_ENV_PATH"
 CORPUS = {  # name → (mutation, needs an env in the repository, expected problem)
     "bad_pbtxt": (bad_pbtxt, False, Problem("pre/config.pbtxt", "line 4 column 1",
@@ -168,6 +173,9 @@ CORPUS = {  # name → (mutation, needs an env in the repository, expected probl
     "env_python_mismatch": (env_python_mismatch, True, Problem(
         "pre/env.tar.gz", "python", "env has Python 3.10 but the target's stub runs 3.11 (manifest.json "
                                     "python_version)")),
+    "runner_file_missing": (runner_file_missing, False, Problem(
+        "pre/1/reference.npz", "parameters.reference", "missing: the python model opens this file from its version "
+                                                       "folder at load")),
     "artifact_changed": (artifact_changed, False, Problem("enc/1/model.onnx", "sha256", "differs from manifest.json "
                                                                                         "(changed after the build)")),
 }

@@ -184,7 +184,26 @@ def _model_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_sour
             else:
                 problems.append(missing)
     if cfg.backend == "python":
+        problems.extend(_runner_file_problems(tree, folder, cfg, versions))
         problems.extend(_env_problems(tree, folder, cfg, py_target, py_source, warnings, local_only, server_has))
+    return problems
+
+
+RUNNER_FILE_PARAMETERS = ("artifact", "reference")  # files tritonpack's runners open at initialize
+
+
+def _runner_file_problems(tree: Tree, folder: str, cfg, versions: list[str]) -> list[Problem]:
+    """A portable runner's `artifact` (the ONNX, IR, TorchScript, graphdef or DALI file it runs) and `reference`
+    (what the encoder checks itself against) must be in each version folder, or the model fails at load."""
+    problems, params = [], config_parameters(cfg)
+    for key in RUNNER_FILE_PARAMETERS:
+        name = params.get(key, "")
+        if not name or "/" in name or name in (".", ".."):
+            continue
+        for version in versions:
+            if f"{folder}/{version}/{name}" not in tree.files:
+                problems.append(Problem(f"{folder}/{version}/{name}", f"parameters.{key}",
+                                        "missing: the python model opens this file from its version folder at load"))
     return problems
 
 
