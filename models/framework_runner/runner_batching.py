@@ -20,6 +20,7 @@ import threading
 import numpy as np
 from batched_requests import ClientError, pad_and_concat, read_input, respond_all, split_rows
 from packing import PACKED_FEATURES, pack_groups, packed_inputs, unpacked
+from pooling import mean_pool
 
 MASK = "attention_mask"  # when an input has this name, rows are grouped by its real length
 PAD_VALUES = {MASK: 0}
@@ -104,9 +105,8 @@ class FrameworkRunnerModel:
 
     def _reference_cosine(self, inputs: dict[str, np.ndarray], expected: np.ndarray) -> float:
         actual = np.asarray(self._run([inputs])[0][self.output_names[0]], dtype=np.float64)
-        if actual.ndim == 3:  # token embeddings: mean-pooled over the real tokens, as the pooling step does
-            weights = inputs[MASK][:, :actual.shape[1], None]
-            actual = (actual * weights).sum(1) / np.clip(weights.sum(1), 1e-9, None)
+        if actual.ndim == 3:  # token embeddings (trimmed to the longest text): pooled as the pooling step does
+            actual = mean_pool(actual, inputs[MASK][:, :actual.shape[1]], normalize=False)
         actual = actual / np.linalg.norm(actual, axis=1, keepdims=True)
         return float((actual * expected).sum(1).min())
 
