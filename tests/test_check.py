@@ -140,6 +140,11 @@ def runner_file_missing(root):
         config.write('parameters { key: "reference" value { string_value: "reference.npz" } }\n')
 
 
+def runner_file_outside(root):
+    with open(root / "pre" / "config.pbtxt", "a") as config:
+        config.write('parameters { key: "artifact" value { string_value: "../model.onnx" } }\n')
+
+
 ENV_FIELD = "parameters.EXECUTION_ENV_PATH"
 CORPUS = {  # name → (mutation, needs an env in the repository, expected problem)
     "bad_pbtxt": (bad_pbtxt, False, Problem("pre/config.pbtxt", "line 4 column 1",
@@ -176,6 +181,8 @@ CORPUS = {  # name → (mutation, needs an env in the repository, expected probl
     "runner_file_missing": (runner_file_missing, False, Problem(
         "pre/1/reference.npz", "parameters.reference", "missing: the python model opens this file from its version "
                                                        "folder at load")),
+    "runner_file_outside": (runner_file_outside, False, Problem(
+        "pre/1/../model.onnx", "parameters.artifact", "must name a file inside the version folder")),
     "artifact_changed": (artifact_changed, False, Problem("enc/1/model.onnx", "sha256", "differs from manifest.json "
                                                                                         "(changed after the build)")),
 }

@@ -163,6 +163,7 @@ def _model_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_sour
     if kind == "ensemble":
         return problems  # its version folder is legitimately empty
     expected = (cfg.default_model_filename,) if cfg.default_model_filename else LOADED_FILES.get(kind)
+    runner_files = _runner_files(cfg) if cfg.backend == "python" else {}
     for version in versions:
         vdir = f"{folder}/{version}"
         sub, files = tree.children(vdir)
@@ -170,6 +171,9 @@ def _model_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_sour
             problems.append(Problem(vdir, "version", "empty version folder"))
             continue
         problems.extend(_per_gpu_plan_problems(tree, vdir, cfg, expected))
+        for key, filename in runner_files.items():
+            if problem := _version_file_problem(tree, vdir, filename, f"parameters.{key}", RUNNER_FILE_MISSING):
+                problems.append(problem)
         if expected is None:
             warnings.append(Problem(config_path, "backend", f"artifact of backend {kind!r} not checked"))
         elif not any(tree.exists(f"{vdir}/{name}") for name in expected):
@@ -184,27 +188,28 @@ def _model_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_sour
             else:
                 problems.append(missing)
     if cfg.backend == "python":
-        problems.extend(_runner_file_problems(tree, folder, cfg, versions))
         problems.extend(_env_problems(tree, folder, cfg, py_target, py_source, warnings, local_only, server_has))
     return problems
 
 
 RUNNER_FILE_PARAMETERS = ("artifact", "reference")  # files tritonpack's runners open at initialize
+RUNNER_FILE_MISSING = "missing: the python model opens this file from its version folder at load"
 
 
-def _runner_file_problems(tree: Tree, folder: str, cfg, versions: list[str]) -> list[Problem]:
+def _runner_files(cfg) -> dict[str, str]:
     """A portable runner's `artifact` (the ONNX, IR, TorchScript, graphdef or DALI file it runs) and `reference`
-    (what the encoder checks itself against) must be in each version folder, or the model fails at load."""
-    problems, params = [], config_parameters(cfg)
-    for key in RUNNER_FILE_PARAMETERS:
-        name = params.get(key, "")
-        if not name or "/" in name or name in (".", ".."):
-            continue
-        for version in versions:
-            if f"{folder}/{version}/{name}" not in tree.files:
-                problems.append(Problem(f"{folder}/{version}/{name}", f"parameters.{key}",
-                                        "missing: the python model opens this file from its version folder at load"))
-    return problems
+    (what the encoder checks itself against), by parameter: each must be in each version folder."""
+    params = config_parameters(cfg)
+    return {key: params[key] for key in RUNNER_FILE_PARAMETERS if params.get(key)}
+
+
+def _version_file_problem(tree: Tree, vdir: str, filename: str, where: str, missing: str) -> Problem | None:
+    """A file the config names for the version folder: it must be a plain name, and be there."""
+    if "/" in filename or filename in ("", ".", ".."):
+        return Problem(f"{vdir}/{filename}", where, "must name a file inside the version folder")
+    if f"{vdir}/{filename}" not in tree.files:
+        return Problem(f"{vdir}/{filename}", where, missing)
+    return None
 
 
 def _per_gpu_plan_problems(tree: Tree, vdir: str, cfg, expected) -> list[Problem]:
@@ -216,11 +221,10 @@ def _per_gpu_plan_problems(tree: Tree, vdir: str, cfg, expected) -> list[Problem
         where = f"cc_model_filenames[{cc}]"
         if not re.fullmatch(r"\d+\.\d+", cc):
             problems.append(Problem(f"{vdir}/{filename}", where, f"{cc!r} is not a compute capability such as 8.6"))
-        elif "/" in filename or filename in ("", ".", ".."):
-            problems.append(Problem(f"{vdir}/{filename}", where, "must name a file inside the version folder"))
-        elif f"{vdir}/{filename}" not in tree.files:
-            problems.append(Problem(f"{vdir}/{filename}", where, f"missing: a GPU of compute capability {cc} loads "
-                                                                 f"this file instead of {default}"))
+        else:
+            missing = f"missing: a GPU of compute capability {cc} loads this file instead of {default}"
+            if problem := _version_file_problem(tree, vdir, filename, where, missing):
+                problems.append(problem)
     return problems
 
 
