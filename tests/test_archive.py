@@ -113,6 +113,34 @@ def test_archive_problems_flag_unreadable_archive_when_bytes_are_not_a_tar(tmp_p
     assert problem.reason.startswith("not a readable tar or tar.gz")
 
 
+def _damaged(data: bytes, damage: str) -> bytes:
+    middle = len(data) // 2
+    if damage == "content":  # bytes flipped inside a member's compressed data: it may still inflate, to wrong bytes
+        return data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 16]) + data[middle + 16:]
+    if damage == "crc":
+        return data[:-8] + bytes(4) + data[-4:]
+    if damage == "block_type":  # the first deflate block (after gzip's 10-byte header) claims the reserved type 3
+        return data[:10] + bytes([data[10] | 0b110]) + data[11:]
+    return data[:middle]  # truncated
+
+
+@pytest.mark.parametrize(("damage", "reason"), [
+    ("content", "CRC check failed"), ("crc", "CRC check failed"), ("block_type", "corrupt gzip data: "),
+    ("truncated", "Compressed file ended before the end-of-stream marker was reached")])
+def test_corrupt_gzip_is_refused_and_nothing_extracted_when_the_tar_inside_still_parses(tmp_path, damage, reason):
+    text = b"".join(b"line %d of a model file\n" % i for i in range(20000))
+    good = make_tar(tmp_path / "good.tar.gz", GOOD + [member("m/1/weights.txt", text)])
+    bad = tmp_path / "bad.tar.gz"
+    bad.write_bytes(_damaged(good.read_bytes(), damage))
+    [problem] = archive_problems(bad)
+    assert (problem.file, problem.field) == ("bad.tar.gz", "archive")
+    assert problem.reason.startswith(f"not a readable tar or tar.gz: {reason}")
+    with pytest.raises(ArchiveError) as refused:  # also when the caller's scan passed (the file changed since)
+        safe_extract(bad, tmp_path / "out" / "model", prechecked=True)
+    assert [(p.file, p.field) for p in refused.value.problems] == [("bad.tar.gz", "archive")]
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 def test_safe_extract_places_every_file_when_tarball_is_safe(tmp_path):
     tar = make_tar(tmp_path / "good.tar.gz", GOOD + [member("m/1/inner", None, tarfile.SYMTYPE, "model.py")])
     dest = safe_extract(tar, tmp_path / "out" / "model", SMALL)
