@@ -68,6 +68,10 @@ def models_dir(tmp_path_factory, build_ensemble, tiny_tarball):
     with tarfile.open(tiny_tarball) as tar:
         config = tar.extractfile("bert/config.pbtxt").read().replace(b'"bert_encoder"', b'"bert_missing"')
     (folder / "miswired.tar.gz").write_bytes(tarball_with({"bert/config.pbtxt": config}, tiny_tarball))
+    data = tiny_tarball.read_bytes()  # 16 bytes flipped mid-stream, as a broken download or disk would
+    middle = len(data) // 2
+    (folder / "damaged.tar.gz").write_bytes(data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 16])
+                                            + data[middle + 16:])
     return folder
 
 
@@ -182,6 +186,7 @@ def test_local_mme_answers_400_when_header_names_a_path_outside_the_models(mme, 
     ("garbage.tar.gz", "garbage.tar.gz: archive: not a readable tar"),
     ("escape.tar.gz", "../escaped.txt: path: '..' leads outside the archive"),
     ("miswired.tar.gz", "bert/config.pbtxt"),
+    ("damaged.tar.gz", "damaged.tar.gz: archive: not a readable tar or tar.gz"),
 ])
 def test_local_mme_answers_400_naming_the_problem_when_tarball_is_bad(mme, runtime, models_dir, tiny_reference,
                                                                       target, expected):
