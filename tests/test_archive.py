@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.reliability import hostile
 from tritonpack.archive import ArchiveError, ArchiveLimits, Problem, archive_problems, safe_extract
 
 SMALL = ArchiveLimits(max_members=50, max_total_bytes=4 << 20, max_member_bytes=2 << 20, max_ratio=50,
@@ -114,14 +115,13 @@ def test_archive_problems_flag_unreadable_archive_when_bytes_are_not_a_tar(tmp_p
 
 
 def _damaged(data: bytes, damage: str) -> bytes:
-    middle = len(data) // 2
     if damage == "content":  # bytes flipped inside a member's compressed data: it may still inflate, to wrong bytes
-        return data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 16]) + data[middle + 16:]
+        return hostile.damaged(data)
     if damage == "crc":
         return data[:-8] + bytes(4) + data[-4:]
     if damage == "block_type":  # the first deflate block (after gzip's 10-byte header) claims the reserved type 3
         return data[:10] + bytes([data[10] | 0b110]) + data[11:]
-    return data[:middle]  # truncated
+    return data[:len(data) // 2]  # truncated
 
 
 @pytest.mark.parametrize(("damage", "reason"), [

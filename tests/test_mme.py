@@ -68,10 +68,7 @@ def models_dir(tmp_path_factory, build_ensemble, tiny_tarball):
     with tarfile.open(tiny_tarball) as tar:
         config = tar.extractfile("bert/config.pbtxt").read().replace(b'"bert_encoder"', b'"bert_missing"')
     (folder / "miswired.tar.gz").write_bytes(tarball_with({"bert/config.pbtxt": config}, tiny_tarball))
-    data = tiny_tarball.read_bytes()  # 16 bytes flipped mid-stream, as a broken download or disk would
-    middle = len(data) // 2
-    (folder / "damaged.tar.gz").write_bytes(data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 16])
-                                            + data[middle + 16:])
+    (folder / "damaged.tar.gz").write_bytes(hostile.damaged(tiny_tarball.read_bytes()))
     return folder
 
 

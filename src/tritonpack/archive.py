@@ -100,8 +100,11 @@ class _Meter(io.RawIOBase):
         return n
 
     def drain(self) -> None:
-        """Read to the end, so gzip checks its CRC and length: tar stops at its end-of-archive blocks, before the
-        trailer, and a corrupt member can decode to wrong bytes without any other error."""
+        """Read a gzip stream to its end, so gzip checks its CRC and length: tar stops at its end-of-archive blocks,
+        before the trailer, and a corrupt member can decode to wrong bytes without any other error. A plain tar has
+        no trailer; what follows its end is not read (a sparse 2 GiB file stays unread)."""
+        if self.raw is None:
+            return
         while self.read(1 << 20):
             pass
 

@@ -191,6 +191,12 @@ def jpeg_claiming(jpeg: bytes, width: int, height: int) -> bytes:
     raise ValueError("no SOF marker found")
 
 
+def damaged(data: bytes, count: int = 16) -> bytes:
+    """`data` with `count` bytes inverted at its middle, as a broken download or disk leaves a file."""
+    middle = len(data) // 2
+    return data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + count]) + data[middle + count:]
+
+
 @functools.cache
 def png_bomb(width: int, height: int) -> bytes:
     """A valid grayscale PNG of width × height zeros: a few hundred KB that decode to width*height bytes."""
