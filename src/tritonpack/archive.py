@@ -22,6 +22,7 @@ from isal import igzip, isal_zlib  # ISA-L inflates ~3x faster than zlib: see do
 from tritonpack.errors import ArchiveError
 
 GIB = 1 << 30
+READ_BYTES = 1 << 16  # tar stream reads, not its 10 KiB records: check with a packed environment 1.26 -> 0.96 s
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ def scan(fileobj, label: str, limits: ArchiveLimits, visit: Visitor | None = Non
     declared = 0
     try:
         stream = _open_stream(fileobj, limits, label)
-        with tarfile.open(fileobj=stream, mode="r|") as tar:
+        with tarfile.open(fileobj=stream, mode="r|", bufsize=READ_BYTES) as tar:
             for count, member in enumerate(tar, start=1):
                 if count > limits.max_members:
                     problems.append(Problem(label, "members", f"more than {limits.max_members} entries "
@@ -259,7 +260,7 @@ def safe_extract(tar_path: Path, dest: Path, limits: ArchiveLimits | None = None
     try:
         with open(tar_path, "rb") as f:
             stream = _open_stream(f, limits, tar_path.name)
-            with tarfile.open(fileobj=stream, mode="r|") as tar:
+            with tarfile.open(fileobj=stream, mode="r|", bufsize=READ_BYTES) as tar:
                 for member in tar:  # re-checked while extracting: the file may have changed since the scan
                     tar.extract(member, staging, filter="data")
             stream.drain()
