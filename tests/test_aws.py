@@ -9,6 +9,7 @@ import pytest
 
 from tests import mme_support
 from tritonpack import aws, cli
+from tritonpack.containers import CONTAINER_ENVIRONMENT, serve_flags
 from tritonpack.errors import UserError
 
 aws_env, moto_server = mme_support.aws_env, mme_support.moto_server  # shared session fixtures
@@ -128,6 +129,32 @@ def test_deploy_prints_calls_and_creates_nothing_when_dry_run(moto_server, capsy
     assert '"Mode": "MultiModel"' in out and "SageMakerVariantInvocationsPerInstance" in out
     sm = boto3.client("sagemaker", endpoint_url=moto_server, region_name="us-east-1")
     assert not [e for e in sm.list_endpoints()["Endpoints"] if e["EndpointName"] == "dry-ep"]
+
+
+def test_deploy_plan_gives_the_model_tritonpack_container_environment_and_env_options_override_it(capsys):
+    environment = aws.deploy_plan(aws.DeploySpec("x", "s3://b/p/", ROLE, "eu-west-1"))[0].params[
+        "PrimaryContainer"]["Environment"]
+    assert environment == {"SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE": "16777216",
+                           "SAGEMAKER_TRITON_SHM_GROWTH_BYTE_SIZE": "1048576",
+                           "SAGEMAKER_TRITON_ADDITIONAL_ARGS": "--disable-auto-complete-config"}
+    assert cli.main(deploy_args("x", "--env", "SAGEMAKER_TRITON_ADDITIONAL_ARGS=", "--env", "A=b=c", "--dry-run")) == 0
+    out = capsys.readouterr().out
+    assert '"SAGEMAKER_TRITON_ADDITIONAL_ARGS": ""' in out and '"A": "b=c"' in out
+    assert cli.main(deploy_args("x", "--env", "NO_EQUALS_SIGN", "--dry-run")) == 2
+    assert capsys.readouterr().err == ("error: --env 'NO_EQUALS_SIGN': write KEY=VALUE, e.g. --env "
+                                       "SAGEMAKER_TRITON_ADDITIONAL_ARGS=\n")
+
+
+def test_serve_flags_follow_the_container_environment_as_the_serve_script_reads_it():
+    assert serve_flags(CONTAINER_ENVIRONMENT) == ["--backend-config=python,shm-default-byte-size=16777216",
+                                                  "--backend-config=python,shm-growth-byte-size=1048576",
+                                                  "--disable-auto-complete-config"]
+    stock = serve_flags({})  # an endpoint whose model sets nothing: serve's defaults, auto-complete on
+    assert stock == serve_flags({"SAGEMAKER_TRITON_ADDITIONAL_ARGS": ""}) == serve_flags(CONTAINER_ENVIRONMENT)[:2]
+    assert serve_flags({"SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE": "33554432",
+                        "SAGEMAKER_TRITON_ADDITIONAL_ARGS": "--log-verbose=1  --exit-timeout-secs='5'"}) == [
+        "--backend-config=python,shm-default-byte-size=33554432",
+        "--backend-config=python,shm-growth-byte-size=1048576", "--log-verbose=1", "--exit-timeout-secs=5"]
 
 
 def test_deploy_plan_has_no_scaling_calls_when_max_instances_not_given():

@@ -27,7 +27,7 @@ def test_model_sources_are_model_and_what_it_imports_when_folder_is_built():
                                                     "serialized_pipeline.py"]
 
 
-@pytest.mark.parametrize("framework", ["onnx", "openvino", "torchscript", "graphdef"])
+@pytest.mark.parametrize("framework", ["onnx", "openvino_ir", "torchscript", "graphdef"])
 def test_framework_runner_gets_only_its_own_session_module_when_built_for_a_framework(framework, tmp_path):
     folder = framework_model("m", Artifact(framework, tmp_path / "x"), "portable", (Tensor("X", "TYPE_FP32", (-1,)),),
                              (Tensor("Y", "TYPE_FP32", (-1,)),), StepSettings(4, None))
@@ -35,6 +35,15 @@ def test_framework_runner_gets_only_its_own_session_module_when_built_for_a_fram
     runner = dict(folder.spec.parameters)["framework"]
     assert sessions == [f"1/{runner}_session.py"]
     assert (MODELS_DIR / "framework_runner" / f"{runner}_session.py").is_file()
+
+
+@pytest.mark.parametrize("framework", ["openvino", "tensorrt_plan"])
+def test_framework_model_is_refused_with_what_portable_runs_when_the_framework_has_no_portable_runner(
+        framework, tmp_path):
+    with pytest.raises(SpecError, match=rf"^model m: {framework} has no portable runner; the portable target runs "
+                                        r"onnx, openvino_ir, torchscript, graphdef$"):
+        framework_model("m", Artifact(framework, tmp_path / "x"), "portable", (Tensor("X", "TYPE_FP32", (-1,)),),
+                        (Tensor("Y", "TYPE_FP32", (-1,)),), StepSettings(4, None))
 
 
 def test_model_imports_leave_sys_path_and_modules_as_they_were_when_the_block_ends():

@@ -39,7 +39,7 @@ def test_environment_for_picks_smallest_env_when_model_imports_beyond_numpy(tmp_
     assert environment_for(python_model(python_spec("tok"), "tokenizer")) == (("text",), set())
     assert environment_for(python_model(python_spec("pool"), "mean_pooling")) == ((), set())
     assert environment_for(runner("onnx", tmp_path)) == (("onnx",), set())
-    assert environment_for(runner("openvino", tmp_path)) == (("openvino",), set())
+    assert environment_for(runner("openvino_ir", tmp_path)) == (("openvino",), set())
     assert environment_for(runner("torchscript", tmp_path)) == ((), {"torch"})
 
 
@@ -151,17 +151,24 @@ def test_server_uses_packed_env_when_model_imports_module_only_the_env_has(probe
 @pytest.mark.parametrize(("path", "stripped"), [
     ("openvino/libs/libopenvino_intel_gpu_plugin.so", True),
     ("openvino/libs/libopenvino_intel_npu_plugin.so", True),
+    ("openvino/libs/libopenvino_auto_plugin.so", True),
+    ("openvino/libs/libopenvino_auto_batch_plugin.so", True),
+    ("openvino/libs/libopenvino_hetero_plugin.so", True),
+    ("openvino/libs/libopenvino_c.so.2641", True),
     ("openvino/libs/cache.json", True),
+    ("openvino/libs/libopenvino_onnx_frontend.so.2641", True),
     ("openvino/libs/libopenvino_pytorch_frontend.so.2641", True),
     ("openvino/libs/libopenvino_tensorflow_lite_frontend.so.2641", True),
     ("openvino/tools/ovc/main.py", True),
+    ("openvino/cmake/OpenVINOConfig.cmake", True),
+    ("openvino/frontend/onnx/__init__.py", True),
     ("openvino/frontend/pytorch/fx_decoder.py", True),
     ("openvino/libs/libopenvino_intel_cpu_plugin.so", False),
-    ("openvino/libs/libopenvino_onnx_frontend.so.2641", False),
     ("openvino/libs/libopenvino_ir_frontend.so.2641", False),
     ("openvino/libs/libopenvino.so.2641", False),
     ("openvino/libs/libtbb.so.12", False),
-    ("openvino/frontend/onnx/__init__.py", False),
+    ("openvino/frontend/__init__.py", False),
+    ("openvino/frontend/frontend.py", False),
 ])
-def test_openvino_env_strip_keeps_cpu_plugin_and_onnx_reader_when_packing(path, stripped):
+def test_openvino_env_strip_keeps_cpu_plugin_and_ir_reader_when_packing(path, stripped):
     assert bool(extra_strip("openvino", "3.11").search(path)) is stripped

@@ -117,6 +117,12 @@ def test_local_mme_answers_ping_when_triton_is_live(mme):
         assert response.status == 200
 
 
+def test_local_mme_runs_triton_with_the_flags_serve_derives_from_the_environment_deploy_sets(mme):
+    argv = Path(f"/proc/{mme.triton.server.process.pid}/cmdline").read_bytes().decode().split("\0")
+    assert "--disable-auto-complete-config" in argv
+    assert "--backend-config=python,shm-default-byte-size=16777216" in argv
+
+
 def test_local_mme_serves_both_side_by_side_when_tarballs_share_model_folder_names(mme, runtime, reference,
                                                                                   tiny_reference):
     # Both tarballs hold bert/, bert_tokenizer/, bert_encoder/ — with different weights and sizes.

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tritonpack.containers import ADDITIONAL_ARGS, CONTAINER_ENVIRONMENT, parse_environment
 from tritonpack.errors import UserError
 
 MIB = 1024 * 1024
@@ -247,8 +248,7 @@ def deploy_plan(spec: DeploySpec) -> list[Call]:
                 "Image": image,
                 "ModelDataUrl": f"s3://{bucket}/{prefix}",
                 "Mode": "MultiModel",
-                "Environment": {"SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE": "16777216",
-                                "SAGEMAKER_TRITON_SHM_GROWTH_BYTE_SIZE": "1048576", **spec.environment},
+                "Environment": {**CONTAINER_ENVIRONMENT, **spec.environment},
             },
         }),
         Call("sagemaker", "create_endpoint_config", {
@@ -316,7 +316,7 @@ def cmd_deploy(args) -> int:
     import boto3
 
     region = args.region or boto3.session.Session().region_name or "us-east-1"
-    environment = dict(kv.split("=", 1) for kv in args.env or [])
+    environment = parse_environment(args.env)
     spec = DeploySpec(
         name=args.name, model_data_url=args.model_data_url, role_arn=args.role, region=region,
         triton_version=args.triton_version, image=args.image, instance_type=args.instance_type,
@@ -361,7 +361,9 @@ def add_command(subparsers) -> None:
     d.add_argument("--image", help="container image URI (overrides region and version)")
     d.add_argument("--instance-type", default="ml.g5.xlarge")
     d.add_argument("--instance-count", type=int, default=1)
-    d.add_argument("--env", action="append", metavar="KEY=VALUE", help="container environment (repeatable)")
+    d.add_argument("--env", action="append", metavar="KEY=VALUE",
+                   help="container environment over tritonpack's (repeatable): shared memory 16 MB / 1 MB and "
+                        f"{ADDITIONAL_ARGS}=--disable-auto-complete-config (serve reads it from 23.07)")
     d.add_argument("--min-instances", type=int, default=1)
     d.add_argument("--max-instances", type=int, default=0, help="enable autoscaling up to N instances")
     d.add_argument("--scaling-metric", choices=("gpu", "invocations"), default="gpu",

@@ -35,9 +35,10 @@ class Framework:
 
 FRAMEWORKS: Mapping[str, Framework] = MappingProxyType({f.name: f for f in (
     Framework("onnx", {"platform": "onnxruntime_onnx"}, "model.onnx", "onnxruntime", "onnxruntime"),
-    # An ONNX file run by OpenVINO (Triton's openvino backend reads ONNX when told its file name).
-    Framework("openvino", {"backend": "openvino", "default_model_filename": "model.onnx"}, "model.onnx", "openvino",
-              "openvino", precisions=("fp32", "bf16"), gpu=False),
+    # An ONNX file run by OpenVINO (Triton's openvino backend reads ONNX when told its file name). The portable
+    # runner takes the IR below: the packed environment carries OpenVINO's IR reader only.
+    Framework("openvino", {"backend": "openvino", "default_model_filename": "model.onnx"}, "model.onnx",
+              module="openvino", precisions=("fp32", "bf16"), gpu=False),
     # OpenVINO's own format: the graph in model.xml, the weights (16 or 32 bits) in model.bin.
     Framework("openvino_ir", {"backend": "openvino"}, "model.xml", "openvino", "openvino",
               precisions=("fp32", "bf16"), gpu=False, companions=("model.bin",)),

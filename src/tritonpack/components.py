@@ -213,7 +213,9 @@ def framework_model(name: str, artifact: Artifact, target: str, inputs: tuple[Te
                   labelled_output=outputs[0].name if settings.labels else "")
     if target == "portable":
         if kind.runner is None:
-            raise SpecError(f"{artifact.framework} has no portable runner; build {name} from its ONNX instead")
+            runs = ", ".join(f.name for f in FRAMEWORKS.values() if f.runner is not None)
+            raise SpecError(f"model {name}: {artifact.framework} has no portable runner; the portable target runs "
+                            f"{runs}")
         params = {"framework": kind.runner, "artifact": kind.filename, "threads": str(settings.threads)}
         if artifact.precision != "fp32":
             params["precision"] = artifact.precision

@@ -5,9 +5,12 @@ The SageMaker Triton images follow the NGC releases of the same number (`sagemak
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
-from tritonpack.errors import EnvError
+from tritonpack.errors import EnvError, UserError
 
 # The SageMaker Triton container the environments and the serving hints are made for unless asked otherwise
 # (the newest in the SageMaker Python SDK's image list, sagemaker-tritonserver 24.09: Triton 2.50, Python 3.10).
@@ -22,6 +25,44 @@ CONTAINER_PYTHON: tuple[tuple[str, str, str], ...] = (
     ("23.03", "24.11", "3.10"),
     ("24.12", "99.99", "3.12"),
 )
+
+
+# What the SageMaker container's start script (`docker/sagemaker/serve`) passes to tritonserver when a variable of
+# the container environment is not set: python backend shared memory of 16 MB, growing by 1 MB.
+SERVE_SHM_DEFAULT_BYTES = 16 << 20
+SERVE_SHM_GROWTH_BYTES = 1 << 20
+ADDITIONAL_ARGS = "SAGEMAKER_TRITON_ADDITIONAL_ARGS"  # appended to tritonserver's flags by serve from 23.07 (2.36)
+
+# The container environment `tritonpack deploy` gives an endpoint's model, and the local MME runs with unless told
+# otherwise. Auto-complete off: every config tritonpack renders is complete, and with it on the python backend
+# starts one more stub per model at load, imports model.py in it, then sleeps 1 s before stopping it
+# (`StubLauncher::UpdateHealth`); docs/performance.md, seventh round.
+CONTAINER_ENVIRONMENT: Mapping[str, str] = MappingProxyType({
+    "SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE": str(SERVE_SHM_DEFAULT_BYTES),
+    "SAGEMAKER_TRITON_SHM_GROWTH_BYTE_SIZE": str(SERVE_SHM_GROWTH_BYTES),
+    ADDITIONAL_ARGS: "--disable-auto-complete-config",
+})
+
+
+def parse_environment(pairs: list[str] | None, base: Mapping[str, str] = MappingProxyType({})) -> dict[str, str]:
+    """`KEY=VALUE` options (`--env`) over `base`; `KEY=` sets an empty value (serve then ignores the variable)."""
+    environment = dict(base)
+    for pair in pairs or []:
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise UserError(f"--env {pair!r}: write KEY=VALUE, e.g. --env {ADDITIONAL_ARGS}=")
+        environment[key] = value
+    return environment
+
+
+def serve_flags(environment: Mapping[str, str]) -> list[str]:
+    """The tritonserver flags the serve script derives from the variables of the container environment that change
+    how a model loads and runs here: python backend shared memory and the additional arguments."""
+    shm_default = environment.get("SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE") or SERVE_SHM_DEFAULT_BYTES
+    shm_growth = environment.get("SAGEMAKER_TRITON_SHM_GROWTH_BYTE_SIZE") or SERVE_SHM_GROWTH_BYTES
+    return [f"--backend-config=python,shm-default-byte-size={shm_default}",
+            f"--backend-config=python,shm-growth-byte-size={shm_growth}",
+            *shlex.split(environment.get(ADDITIONAL_ARGS, ""))]
 
 
 def version_key(version: str) -> tuple[int, int]:

@@ -49,13 +49,15 @@ def extra_strip(name: str, python: str) -> re.Pattern | None:
     env's own is ever loaded. The portable runner decodes on the CPU (`device_id=None`), so nvimgcodec's GPU
     codec extensions (nvJPEG, nvJPEG2000, nvTIFF; their CUDA libraries are not in the env) are dropped too.
 
-    openvino: the runner reads ONNX and runs on the CPU plugin; the GPU and NPU plugins (and the GPU kernel
-    cache), the other frontends and the conversion tools are never loaded.
+    openvino: the portable runner reads OpenVINO's IR (the builds convert ONNX to it) and compiles it for the CPU
+    plugin by name; every other frontend (ONNX included), the GPU, NPU, AUTO, HETERO and batching plugins (and the
+    GPU kernel cache), the C API, the cmake files and the conversion tools are never loaded.
     """
     if name == "openvino":
         return re.compile(r"^openvino/libs/(libopenvino_intel_(gpu|npu)_plugin\.so|cache\.json"
-                          r"|libopenvino_(tensorflow|tensorflow_lite|paddle|pytorch|jax|gguf)_frontend\.so[.\d]*)$"
-                          r"|^openvino/(tools|frontend/(tensorflow|paddle|pytorch|jax))(/|$)")
+                          r"|libopenvino_(auto|auto_batch|hetero)_plugin\.so|libopenvino_c\.so[.\d]*"
+                          r"|libopenvino_(onnx|tensorflow|tensorflow_lite|paddle|pytorch|jax|gguf)_frontend\.so[.\d]*)$"
+                          r"|^openvino/(tools|cmake|frontend/(onnx|tensorflow|paddle|pytorch|jax))(/|$)")
     if name != "dali":
         return None
     abi = python.replace(".", "")

@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+from tritonpack.containers import ADDITIONAL_ARGS, CONTAINER_ENVIRONMENT, parse_environment
 from tritonpack.errors import UserError
 from tritonpack.mme.request_guard import MAX_PAYLOAD_BYTES
 
@@ -36,7 +37,8 @@ def cmd_mme(args) -> int:
                        cache_dir=Path(args.cache_dir) if args.cache_dir else None,
                        cache_bytes=parse_bytes(args.cache_bytes), s3_endpoint_url=args.s3_endpoint_url,
                        max_payload_bytes=args.max_payload_bytes, drain_s=args.drain_seconds,
-                       triton_log=Path(args.triton_log) if args.triton_log else None)
+                       triton_log=Path(args.triton_log) if args.triton_log else None,
+                       environment=parse_environment(args.env, CONTAINER_ENVIRONMENT))
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from None
     print(f"starting tritonserver (SageMaker front-end, MME mode); log: {mme.triton.log_path}", flush=True)
@@ -78,6 +80,10 @@ def add_command(subparsers) -> None:
     p.add_argument("--drain-seconds", type=float, default=30.0,
                    help="on SIGTERM/Ctrl-C, how long calls in flight may finish before they are answered 503 "
                         "(default 30)")
+    p.add_argument("--env", action="append", metavar="KEY=VALUE",
+                   help="container environment over the one `tritonpack deploy` sets (repeatable); serve's shared "
+                        f"memory sizes and {ADDITIONAL_ARGS} apply here, e.g. --env {ADDITIONAL_ARGS}= runs Triton "
+                        "as a stock endpoint does (auto-complete on)")
     p.add_argument("--triton-log", help="keep tritonserver's log in this file (default: a temporary folder, "
                                         "removed at stop)")
     p.set_defaults(func=cmd_mme)

@@ -2,10 +2,11 @@
 
 Flags mirror `docker/sagemaker/serve` (triton-inference-server/server) with SAGEMAKER_MULTI_MODEL=true: explicit
 model control, model namespacing, only the SageMaker front-end listening (no HTTP/gRPC/metrics), ping mode
-`live`, python backend shared memory 16 MB / 1 MB. The contract is the one SageMaker's model server speaks to
-the container (`src/sagemaker_server.cc`): `POST /models {"model_name": <hash>, "url": <folder>}` with the
-target name in `X-Amzn-SageMaker-Target-Model` (it becomes the Triton model name), `POST /models/<hash>/invoke`,
-`DELETE /models/<hash>`, `GET /ping`.
+`live`, and what the container environment sets (`containers.serve_flags`: python backend shared memory, additional
+arguments; by default the environment `tritonpack deploy` gives an endpoint). The contract is the one SageMaker's
+model server speaks to the container (`src/sagemaker_server.cc`): `POST /models {"model_name": <hash>, "url":
+<folder>}` with the target name in `X-Amzn-SageMaker-Target-Model` (it becomes the Triton model name),
+`POST /models/<hash>/invoke`, `DELETE /models/<hash>`, `GET /ping`.
 """
 
 from __future__ import annotations
@@ -14,16 +15,16 @@ import http.client
 import json
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from tritonpack.containers import CONTAINER_ENVIRONMENT, serve_flags
 from tritonpack.errors import TritonpackError
 from tritonpack.server import TritonServer, free_port
 
 TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
-SHM_DEFAULT_BYTES = 16 * 1024 * 1024
-SHM_GROWTH_BYTES = 1024 * 1024
 
 
 class TritonUnavailable(TritonpackError, ConnectionError):
@@ -43,7 +44,7 @@ class Reply:
         return error_message(self.body) if self.body else f"HTTP {self.status}"
 
 
-def sagemaker_args(port: int, dummy_repository: Path, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+def sagemaker_args(port: int, dummy_repository: Path, environment: Mapping[str, str]) -> list[str]:
     return [
         f"--model-repository={dummy_repository}",
         "--allow-sagemaker=true",
@@ -53,9 +54,7 @@ def sagemaker_args(port: int, dummy_repository: Path, extra: list[str] | tuple[s
         "--allow-metrics=false",
         "--model-control-mode=explicit",
         "--model-namespacing=true",
-        f"--backend-config=python,shm-default-byte-size={SHM_DEFAULT_BYTES}",
-        f"--backend-config=python,shm-growth-byte-size={SHM_GROWTH_BYTES}",
-        *extra,
+        *serve_flags(environment),
     ]
 
 
@@ -83,7 +82,8 @@ class SageMakerTriton:
 
     port: int = 0
     log_path: Path | None = None
-    extra_args: list[str] = field(default_factory=list)
+    # the container's, as an endpoint's model sets it
+    environment: Mapping[str, str] = field(default_factory=lambda: dict(CONTAINER_ENVIRONMENT))
     timeout_s: float = 600.0
     server: TritonServer | None = None
     starts: int = 0
@@ -98,7 +98,7 @@ class SageMakerTriton:
         dummy = self._workdir / "sagemaker"
         dummy.mkdir(exist_ok=True)
         self.server = TritonServer(
-            None, log_path=self.log_path, extra_args=sagemaker_args(self.port, dummy, self.extra_args),
+            None, log_path=self.log_path, extra_args=sagemaker_args(self.port, dummy, self.environment),
             env={"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_TRITON_PING_MODE": "live"},
         )
         self.server.start(wait_ready=False)

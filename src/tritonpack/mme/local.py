@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 
+from tritonpack.containers import CONTAINER_ENVIRONMENT
 from tritonpack.mme.container import SageMakerTriton
 from tritonpack.mme.gateway import Gateway
 from tritonpack.mme.health import FaultPolicy
@@ -36,6 +38,8 @@ class LocalMME:
     triton_log: Path | None = None  # kept after stop; by default the log goes with the working folder
     policy: FaultPolicy | None = None
     drain_s: float = 30.0  # how long stop() lets calls in flight finish
+    # the container environment, as an endpoint's model sets it
+    environment: Mapping[str, str] = field(default_factory=lambda: dict(CONTAINER_ENVIRONMENT))
 
     def __post_init__(self) -> None:
         from tritonpack.server import PYTHON_VERSION
@@ -43,7 +47,7 @@ class LocalMME:
         self.source = open_source(self.models, self.s3_endpoint_url)
         cache_dir = self.cache_dir or Path.home() / ".cache" / "tritonpack" / "mme"
         self.cache = DiskCache(Path(cache_dir), self.cache_bytes)
-        self.triton = SageMakerTriton(log_path=self.triton_log)
+        self.triton = SageMakerTriton(log_path=self.triton_log, environment=self.environment)
         metrics = Metrics()
         store = TargetStore(self.source, self.cache, metrics, python=PYTHON_VERSION)
         self.manager = ModelManager(store, self.triton, self.max_models, metrics, self.policy)
