@@ -148,9 +148,12 @@ def _memory_table(mme: dict, title: str) -> list[str]:
     lines += ["", "Stubs seen: python stub processes seen since the server started (3 per copy when nothing is "
                   "reloaded; Triton 2.51 reloads the loaded models when another one loads)."]
     cold = ", ".join(f"{r['first_answer_s']:.2f}" for r in mme["cold_start"]["runs"])
+    stock = ", ".join(f"{r['first_answer_s']:.2f}" for r in mme["cold_start"]["stock_endpoint"]["runs"])
     lines += ["", f"First model {memory['first_model_pss_mb']:.0f} MB beyond the server alone; each additional "
                   f"{fmt(memory['per_additional_model_pss_mb'], 0)} MB → {fmt(memory['models_per_gb'], 1)} models "
-                  f"per GB. Cold starts (s): {cold}; first answers of the copies loaded next (s): {loads or '–'}."]
+                  f"per GB. Cold starts (s) with the container environment `tritonpack deploy` sets: {cold}; "
+                  f"alternating with them, a stock endpoint's (auto-complete on): {stock}; first answers of the "
+                  f"copies loaded next (s): {loads or '–'}."]
     if memory.get("stopped"):
         lines.append(f"\nThe ladder {memory['stopped']}.")
     return lines

@@ -113,6 +113,9 @@ def test_bench_smoke_writes_report_files_with_expected_keys_when_run(test_dist, 
     assert set(memory["steps"]) == {"1", "2"} and memory["per_additional_model_pss_mb"] is not None
     assert all(step["pss_mb"] < step["rss_mb"] for step in memory["steps"].values())  # shared pages counted once
     assert on_disk["mme"]["cold_start"]["first_answer_s_median"] > 0
+    assert on_disk["mme"]["cold_start"]["stock_endpoint"]["first_answer_s_median"] > 0
+    environment = on_disk["mme"]["container_environment"]
+    assert environment["SAGEMAKER_TRITON_ADDITIONAL_ARGS"] == "--disable-auto-complete-config"
     assert on_disk["sizes"]["tarball_mb"] > 0
     assert on_disk["plots"] and all((out / name).stat().st_size > 0 for name in on_disk["plots"])
 
