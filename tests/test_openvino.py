@@ -154,7 +154,7 @@ def test_native_openvino_config_names_backend_onnx_file_and_bf16_when_target_is_
 
 
 def test_portable_openvino_runner_gets_framework_and_precision_when_built(tmp_path):
-    folder = encoder_model(Artifact("openvino", tmp_path / "model.onnx", "bf16"), "portable")
+    folder = encoder_model(Artifact("openvino_ir", tmp_path / "model.xml", "bf16"), "portable")
     params = dict(folder.spec.parameters)
     assert (folder.spec.backend, params["framework"], params["precision"]) == ("python", "openvino", "bf16")
     assert "1/openvino_session.py" in folder.files
