@@ -16,7 +16,7 @@ from tritonpack.check import check, inspect_env
 from tritonpack.components import Artifact, StepSettings, framework_model, python_model
 from tritonpack.containers import container_python, containers_for
 from tritonpack.env import environment_for, envs_covering, required_modules
-from tritonpack.envpack import EnvSpec, extra_strip, known_envs, pack_env, pack_prefix
+from tritonpack.envpack import EnvSpec, extra_strip, known_envs, local_python, pack_env, pack_prefix
 from tritonpack.spec import DynamicBatching, ModelSpec, Tensor
 
 PROBE_MODULE = "tritonpack_env_probe"  # exists only inside the packed env built below
@@ -82,10 +82,31 @@ def test_pack_env_gives_same_bytes_when_packed_twice(tmp_path):
         names = tar.getnames()
         cfg = tar.extractfile("pyvenv.cfg").read().decode()
     assert names == sorted(names) and len(names) == len(set(names))
-    assert not [n for n in names if "/tests/" in n or "__pycache__" in n or n.startswith("lib64/")]
+    assert not [n for n in names if "/tests/" in n or n.startswith("lib64/")]
     assert "command" not in cfg and str(tmp_path) not in cfg
+    assert_bytecode_in_place_of_every_module(first.path, first.python, tmp_path)
     meta = json.loads(first.path.with_suffix("").with_suffix(".json").read_text())
     assert meta["compressed_bytes"] == first.path.stat().st_size
+
+
+def assert_bytecode_in_place_of_every_module(env: Path, python: str, tmp_path: Path) -> None:
+    """site-packages holds bytecode and no Python source: hash-based, unchecked (flags 0b01 after the magic), naming
+    no build path; the env's own Python imports numpy from it."""
+    site_prefix = f"lib/python{python}/site-packages/"
+    with tarfile.open(env) as tar:
+        names = [n for n in tar.getnames() if n.startswith(site_prefix)]
+        bytecode = [n for n in names if n.endswith(".pyc")]
+        assert len(bytecode) > 100 and not [n for n in names if n.endswith(".py")]
+        for name in bytecode:
+            data = tar.extractfile(name).read()
+            assert data[4:8] == (1).to_bytes(4, "little") and str(tmp_path).encode() not in data, name
+        tar.extractall(tmp_path / "unpacked", filter="tar")
+    site = tmp_path / "unpacked" / site_prefix
+    verbose = subprocess.run([local_python(python), "-B", "-v", "-c", "import numpy; numpy.ones(2).sum()"],
+                             env={"PYTHONPATH": str(site)}, capture_output=True, text=True, check=True).stderr
+    loaded = [line for line in verbose.splitlines()
+              if line.startswith("# code object from") and str(site / "numpy") in line]
+    assert len(loaded) > 20 and all(line.rstrip("'").endswith(".pyc") for line in loaded), verbose[-2000:]
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,9 @@
 Each environment is defined by `envs/<name>/environment.yml` (a conda environment file whose pip section
 lists the exact wheels). `pack_env` builds it with conda + conda-pack when `conda` is on PATH, else with a
 venv + venv-pack (what CI uses), strips what the models never import (tests, headers, type stubs, build
-tools), and rewrites the archive so equal inputs give equal bytes: sorted entries, fixed mtime/owner, gzip
-without a timestamp, no build paths.
+tools), replaces the Python modules of its site-packages by their bytecode (`compile_bytecode`), and rewrites
+the archive so equal inputs give equal bytes: sorted entries, fixed mtime/owner, gzip without a timestamp, no
+build paths.
 
 The stub runs the packed env with the Python it was compiled for, so the env's Python minor version must
 equal the target container's (`tritonpack.containers`); a venv-pack env links to that interpreter (`/usr/bin`
@@ -203,7 +204,8 @@ def _run(cmd: list[str]) -> None:
         raise EnvError(f"{' '.join(cmd[:3])} … failed ({result.returncode}):\n{result.stderr[-3000:]}")
 
 
-def _interpreter(python: str) -> str:
+def local_python(python: str) -> str:
+    """A working interpreter of Python `python` on this machine (this one, one on PATH, or pyenv's)."""
     if python == PYTHON_VERSION:
         return sys.executable
     candidates = [shutil.which(f"python{python}")] + sorted(
@@ -216,10 +218,10 @@ def _interpreter(python: str) -> str:
 
 
 def _venv_env(spec: EnvSpec, python: str, prefix: Path) -> None:
-    _run([_interpreter(python), "-m", "venv", "--without-pip", str(prefix)])
+    _run([local_python(python), "-m", "venv", "--without-pip", str(prefix)])
     _run([sys.executable, "-m", "pip", "--python", str(prefix / "bin" / "python"), "install", "--quiet",
           "--no-compile", "--no-deps", "--disable-pip-version-check", *spec.packages])
-    _strip_and_prove(spec, python, prefix)
+    _finish_env(spec, python, prefix)
 
 
 def _conda_env(spec: EnvSpec, python: str, prefix: Path) -> None:  # pragma: no cover - no conda on CI
@@ -227,13 +229,32 @@ def _conda_env(spec: EnvSpec, python: str, prefix: Path) -> None:  # pragma: no 
           "pip"])
     _run([str(prefix / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile", "--no-deps",
           *spec.packages])
-    _strip_and_prove(spec, python, prefix)
+    _finish_env(spec, python, prefix)
 
 
-def _strip_and_prove(spec: EnvSpec, python: str, prefix: Path) -> None:
-    """Delete what no served model imports, then import what the env provides with the env's own Python."""
+def _finish_env(spec: EnvSpec, python: str, prefix: Path) -> None:
+    """Delete what no served model imports, compile the rest to bytecode, then import what the env provides with
+    the env's own Python (`-B`: the import check writes nothing into the env)."""
     strip_env(prefix, spec.extra_strip(python))
-    _run([str(prefix / "bin" / "python"), "-c", "; ".join(f"import {m}" for m in spec.import_check())])
+    compile_bytecode(prefix, python)
+    _run([str(prefix / "bin" / "python"), "-B", "-c", "; ".join(f"import {m}" for m in spec.import_check())])
+
+
+def compile_bytecode(prefix: Path, python: str) -> None:
+    """Replace each module of the env's site-packages by its bytecode, compiled by the env's own interpreter
+    (bytecode is per Python minor version): `module.pyc` where `module.py` was, which Python imports without a
+    source. Without it the stubs compile numpy's and the runtime's Python again at every load (0.5 s of Triton's
+    load of `bert`); shipping sources beside the bytecode costs 0.3 s of that back in Triton's extraction of the
+    extra files (docs/performance.md, eighth round). Tracebacks inside these libraries keep file, line and function, not the
+    line's text. One file after another in sorted order, paths relative to `prefix`, source hashes instead of
+    mtimes: packing twice gives the same bytes."""
+    prefix = prefix.resolve()
+    site = prefix / "lib" / f"python{python}" / "site-packages"
+    _run([str(prefix / "bin" / "python"), "-m", "compileall", "-q", "-b", "--invalidation-mode", "unchecked-hash",
+          "-s", str(prefix), str(site)])
+    for source in site.rglob("*.py"):
+        source.unlink()
+    _prune_records(prefix)
 
 
 def strip_env(prefix: Path, extra: re.Pattern | None = None) -> int:
@@ -253,12 +274,17 @@ def strip_env(prefix: Path, extra: re.Pattern | None = None) -> int:
             path.unlink()
         elif path.is_dir():
             shutil.rmtree(path)
+    _prune_records(prefix)
+    return freed
+
+
+def _prune_records(prefix: Path) -> None:
+    """Drop the files an env no longer has from each wheel's RECORD."""
     for record in prefix.glob("lib/python*/site-packages/*.dist-info/RECORD"):
         site = record.parent.parent
         lines = record.read_text().splitlines()
         kept = [line for line in lines if (site / line.split(",", 1)[0]).exists()]
         record.write_text("".join(f"{line}\n" for line in kept))
-    return freed
 
 
 def _pyvenv_cfg(data: bytes) -> bytes:

@@ -83,8 +83,9 @@ class _Hashing(io.RawIOBase):
 _PYVENV_VERSION = re.compile(r"^\s*version(?:_info)?\s*=\s*(\d+)\.(\d+)", re.MULTILINE)
 _CONDA_PYTHON = re.compile(r"^conda-meta/python-(\d+)\.(\d+)\.[^/]*\.json$")
 _LIB_PYTHON = re.compile(r"^lib/python(\d+)\.(\d+)(/|$)")
-# A top-level importable name in site-packages: a package folder, a module, or an extension module.
-_SITE_MODULE = re.compile(r"^lib/python\d+\.\d+/site-packages/([A-Za-z_][A-Za-z0-9_]*)(/|\.py$|\.cpython-[^/]*\.so$)")
+# A top-level importable name in site-packages: a package folder, a module (source or bytecode), or an extension
+# module.
+_SITE_MODULE = re.compile(r"^lib/python\d+\.\d+/site-packages/([A-Za-z_][A-Za-z0-9_]*)(/|\.pyc?$|\.cpython-[^/]*\.so$)")
 
 
 def inspect_env(fileobj, label: str, limits: ArchiveLimits) -> EnvInfo:
