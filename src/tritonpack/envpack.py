@@ -245,9 +245,9 @@ def compile_bytecode(prefix: Path, python: str) -> None:
     (bytecode is per Python minor version): `module.pyc` where `module.py` was, which Python imports without a
     source. Without it the stubs compile numpy's and the runtime's Python again at every load (0.5 s of Triton's
     load of `bert`); shipping sources beside the bytecode costs 0.3 s of that back in Triton's extraction of the
-    extra files (docs/performance.md, eighth round). Tracebacks inside these libraries keep file, line and function, not the
-    line's text. One file after another in sorted order, paths relative to `prefix`, source hashes instead of
-    mtimes: packing twice gives the same bytes."""
+    extra files (docs/performance.md, eighth round). Tracebacks inside these libraries keep file, line and
+    function, not the line's text. One file after another in sorted order, paths relative to `prefix`, source
+    hashes instead of mtimes: packing twice gives the same bytes."""
     prefix = prefix.resolve()
     site = prefix / "lib" / f"python{python}" / "site-packages"
     _run([str(prefix / "bin" / "python"), "-m", "compileall", "-q", "-b", "--invalidation-mode", "unchecked-hash",
