@@ -46,7 +46,9 @@ def load_module(weights: str | None):
 
     if weights and Path(weights).is_dir():
         from transformers import ResNetForImageClassification
+        from transformers.utils import logging
 
+        logging.disable_progress_bar()
         model = ResNetForImageClassification.from_pretrained(weights, local_files_only=True)
         if model.config.num_labels != CLASSES:
             raise ValueError(f"{weights}: {model.config.num_labels} classes, expected {CLASSES}")

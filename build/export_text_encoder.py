@@ -45,7 +45,9 @@ CHECK_TEXTS = [
 def _load(model_dir: Path):
     import torch
     from transformers import AutoModel
+    from transformers.utils import logging
 
+    logging.disable_progress_bar()  # a build prints one line per artifact, not a bar per weights load
     model = AutoModel.from_pretrained(str(model_dir), local_files_only=True, attn_implementation="eager").eval()
 
     class TokenEmbeddings(torch.nn.Module):

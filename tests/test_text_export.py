@@ -9,7 +9,14 @@ import numpy as np
 import onnx
 import pytest
 
-from tritonpack.build.export_text_encoder import encoder_onnx, encoder_packed, max_diff_on_real_tokens, pack, unpack
+from tritonpack.build.export_text_encoder import (
+    _load,
+    encoder_onnx,
+    encoder_packed,
+    max_diff_on_real_tokens,
+    pack,
+    unpack,
+)
 from tritonpack.build.text_source import SentenceTransformerSource
 from tritonpack.builder import BuildRequest, build
 from tritonpack.client import embed
@@ -56,6 +63,12 @@ def test_max_diff_ignores_padded_positions_when_they_differ():
     actual[1, 2] = 5.0  # a padded position
     actual[0, 0, 0] = 1e-5
     assert max_diff_on_real_tokens(expected, actual, np.array([[1, 1, 1], [1, 1, 0]])) == pytest.approx(1e-5)
+
+
+def test_build_prints_no_progress_bar_when_it_loads_weights(tiny_model, capfd):
+    _load(tiny_model)
+    captured = capfd.readouterr()
+    assert "Loading weights" not in captured.err + captured.out
 
 
 def test_source_rejects_model_when_pooling_is_not_mean(tiny_model, tmp_path):
