@@ -233,10 +233,12 @@ def _conda_env(spec: EnvSpec, python: str, prefix: Path) -> None:  # pragma: no 
 
 
 def _finish_env(spec: EnvSpec, python: str, prefix: Path) -> None:
-    """Delete what no served model imports, compile the rest to bytecode, then import what the env provides with
-    the env's own Python (`-B`: the import check writes nothing into the env)."""
+    """Delete what no served model imports, compile the rest to bytecode, drop the files both removed from each
+    wheel's RECORD, then import what the env provides with the env's own Python (`-B`: the import check writes
+    nothing into the env)."""
     strip_env(prefix, spec.extra_strip(python))
     compile_bytecode(prefix, python)
+    _prune_records(prefix)
     _run([str(prefix / "bin" / "python"), "-B", "-c", "; ".join(f"import {m}" for m in spec.import_check())])
 
 
@@ -254,14 +256,11 @@ def compile_bytecode(prefix: Path, python: str) -> None:
           "-s", str(prefix), str(site)])
     for source in site.rglob("*.py"):
         source.unlink()
-    _prune_records(prefix)
 
 
-def strip_env(prefix: Path, extra: re.Pattern | None = None) -> int:
+def strip_env(prefix: Path, extra: re.Pattern | None = None) -> None:
     """Delete what no served model imports (`STRIP`, and `extra` for this env) and the `lib64` alias (venv-pack
-    would pack a second copy of site-packages through it); drop the deleted files from each wheel's RECORD.
-    Returns the bytes freed."""
-    freed = 0
+    would pack a second copy of site-packages through it)."""
     if (prefix / "lib64").is_symlink():
         (prefix / "lib64").unlink()
     for path in sorted(prefix.rglob("*"), reverse=True):
@@ -270,12 +269,9 @@ def strip_env(prefix: Path, extra: re.Pattern | None = None) -> int:
         if not (STRIP.search(site) or (extra is not None and extra.search(site))):
             continue
         if path.is_symlink() or path.is_file():
-            freed += path.lstat().st_size
             path.unlink()
         elif path.is_dir():
             shutil.rmtree(path)
-    _prune_records(prefix)
-    return freed
 
 
 def _prune_records(prefix: Path) -> None:
