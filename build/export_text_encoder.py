@@ -291,9 +291,9 @@ def openvino_check(out_dir: Path, source: SentenceTransformerSource, model: Path
     inputs = check_inputs(source)
     expected = _expected(source, inputs)
     core = ov.Core()
-    session = _runner_module("openvino_session")
-    hint = session.OPENVINO_PRECISION[precision]
-    compiled = core.compile_model(session.read_model(core, str(model), hint), "CPU", {"INFERENCE_PRECISION_HINT": hint})
+    runner = _runner_module("openvino_session")
+    hint = runner.OPENVINO_PRECISION[precision]
+    compiled = core.compile_model(runner.read_model(core, str(model), hint), "CPU", {"INFERENCE_PRECISION_HINT": hint})
     mask = inputs["attention_mask"]
     if packed:
         feeds, lengths = pack(inputs)

@@ -143,6 +143,7 @@ import openvino as ov
 folder, ir, side = sys.argv[1:]
 sys.path.insert(0, folder)
 import openvino_session
+from packing import packed_inputs
 
 
 def anonymous_mb():
@@ -158,12 +159,9 @@ else:  # what the session compiled before it kept fp16 weights in 16 bits
                                                    "INFERENCE_NUM_THREADS": 2})
     run = lambda feeds: {"EMBEDDING": compiled(feeds)[0]}
 rng = np.random.default_rng(0)
-for tokens in range(16, 257, 16):  # every pack length the runner sends: short and long packs' weight layouts
-    sentences = tokens // 16
-    feeds = {"input_ids": rng.integers(1000, 30000, (1, tokens)),
-             "position_ids": np.tile(np.arange(16), sentences)[None],
-             "segment_ids": np.repeat(np.arange(sentences), 16)[None]}
-    feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+for sentences in range(1, 17):  # every pack length the runner sends (16…256): short and long packs' weight layouts
+    feeds = packed_inputs([{"input_ids": rng.integers(1000, 30000, 16), "token_type_ids": np.zeros(16, np.int64)}
+                           for _ in range(sentences)])
     embedding = run(feeds)["EMBEDDING"]
 print(json.dumps({"grew_mb": anonymous_mb() - before, "embedding": embedding.tolist()}))
 """
