@@ -186,6 +186,88 @@ def test_openvino_session_keeps_fp16_weights_in_16_bits_when_it_computes_f32(pac
     assert probe["plain"]["grew_mb"] - probe["session"]["grew_mb"] >= 0.8 * matrix_mb, probe
 
 
+RELEASE_PROBE = """
+import json, sys
+import numpy as np
+
+folder, ir = sys.argv[1:]
+sys.path.insert(0, folder)
+import openvino_session
+from packing import packed_inputs
+
+
+def weights_file_mb():  # resident pages of this process's mapping (Rss: other processes may map the file too)
+    rss, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        head = line.split(None, 1)[0]
+        if not head.endswith(":"):  # a mapping: address range, permissions, offset, device, inode, path
+            inside = line.rstrip().endswith("/model.bin")
+        elif inside and head == "Rss:":
+            rss += int(line.split()[1])
+    return rss / 1024
+
+
+run = openvino_session.open_session(ir, {"precision": "fp32", "threads": "2"})
+
+
+def every_pack_length():
+    rng = np.random.default_rng(0)  # the same 16-token sentences each time: the same embedding rows
+    return [run(packed_inputs([{"input_ids": rng.integers(1000, 1100, 16), "token_type_ids": np.zeros(16, np.int64)}
+                               for _ in range(sentences)]))["EMBEDDING"].tolist() for sentences in range(1, 17)]
+
+
+before = every_pack_length()
+resident = weights_file_mb()
+dropped = run.warmed()
+released = weights_file_mb()
+after = every_pack_length()
+print(json.dumps({"resident_mb": resident, "dropped_mb": dropped / 2**20, "released_mb": released,
+                  "after_mb": weights_file_mb(), "same": before == after}))
+"""
+
+
+def test_openvino_session_releases_the_weights_file_pages_of_its_matrices_when_warmed(packed_ir, sessions):
+    import openvino as ov
+
+    ir = packed_ir[1]["fp16"]
+    matrix_mb = sum(op.input_value(1).get_node().input_value(0).get_node().get_byte_size() for op in
+                    ov.Core().read_model(str(ir)).get_ops() if op.get_type_name() == "MatMul"
+                    and op.input_value(1).get_node().get_type_name() == "Convert") / 2**20
+    folder = Path(sessions["openvino"].__file__).parent
+    probe = json.loads(subprocess.run([sys.executable, "-c", RELEASE_PROBE, str(folder), str(ir)],
+                                      capture_output=True, text=True, check=True).stdout)
+    assert probe["same"], "the embeddings changed after the pages were released"
+    assert matrix_mb - 0.1 <= probe["dropped_mb"] <= matrix_mb, probe
+    assert probe["resident_mb"] - probe["released_mb"] >= 0.95 * matrix_mb, probe
+    # The plugin holds the matrices in its own layouts: running every shape again reads none of them back.
+    assert probe["after_mb"] - probe["released_mb"] < 0.5, probe
+
+
+def test_weights_file_releases_whole_pages_inside_spans_and_keeps_its_content(sessions, tmp_path):
+    import mmap
+
+    page = mmap.PAGESIZE
+    path = tmp_path / "model.bin"
+    content = np.random.default_rng(1).integers(0, 256, 6 * page, dtype=np.uint8)
+    content.tofile(path)
+    weights = sessions["openvino"].WeightsFile(str(path))
+    assert int(weights.array.sum()) == int(content.sum())  # every page read in
+    # A span from mid-page 1 to mid-page 4 holds pages 2 and 3 whole; page 5 whole.
+    assert weights.release([(page + 10, 3 * page), (5 * page, page)]) == 3 * page
+    np.testing.assert_array_equal(weights.array, content)  # read back from the file
+
+
+def test_weights_file_releases_nothing_when_this_process_wrote_into_its_mapping(sessions, tmp_path):
+    import mmap
+
+    path = tmp_path / "model.bin"
+    np.zeros(4 * mmap.PAGESIZE, dtype=np.uint8).tofile(path)
+    weights = sessions["openvino"].WeightsFile(str(path))
+    weights.array[0] = 7  # a private copy of page 0, which the file does not hold
+    assert weights.release([(0, 4 * mmap.PAGESIZE)]) == 0
+    assert weights.array[0] == 7
+
+
 @pytest.mark.parametrize(("cpus", "threads", "streams", "layout"), [
     (2, 0, 0, (1, 2)), (16, 0, 0, (4, 16)), (16, 4, 0, (1, 4)), (2, 0, 2, (2, 2)), (1, 0, 4, (1, 1)),
 ])

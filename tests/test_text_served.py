@@ -122,3 +122,17 @@ def test_served_encoder_checked_its_embeddings_against_the_build_reference_when_
                        server.log_path.read_text())
     assert len(lines) == 1, f"one check per loaded encoder in {server.log_path}"
     assert float(lines[0][0]) >= 0.9999
+
+
+def test_served_encoder_released_its_matrix_weights_file_pages_when_every_pack_length_ran(served):
+    import re
+    import time
+
+    server = served("bert")
+    deadline, released = time.monotonic() + 120, []
+    while not released and time.monotonic() < deadline:
+        released = re.findall(r"every pack length warmed; ([\d.]+) MB of weights file pages released",
+                              server.log_path.read_text())
+        time.sleep(0.5)
+    # The in-process probe (test_openvino) shows these pages leave the process's PSS and stay out.
+    assert released and float(released[0]) >= 19, f"MiniLM's matrices are 20.25 MB in fp16; {server.log_path}"

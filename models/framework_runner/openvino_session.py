@@ -6,14 +6,19 @@ the threads shared out among them. `map` runs several inputs at once, one per id
 it a batch as several packs keeps every stream busy from one process. The weights are held once, where one process
 per core held them once per process (docs/performance.md: on 2 CPUs one stream of 2 threads used 6 % less CPU per
 sentence than two single-threaded processes, and 13 % less than two streams, at less than half the memory), and in
-16 bits where the file stores them so (`keep_weights_16bit`).
+16 bits where the file stores them so (`keep_weights_16bit`). The process maps an IR's weights file itself
+(`WeightsFile`), so that once every input shape has run (`warmed`) it can hand back the pages of the matrix weights,
+which the plugin then holds in layouts of its own.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import queue
+import weakref
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
@@ -49,9 +54,84 @@ def keep_weights_16bit(model) -> None:
     model.add_sinks([ops.assign(ops.scaled_dot_product_attention(block, block, block, causal=False), variable)])
 
 
-def read_model(core, path: str, precision: str):
-    """The model at `path` as this process compiles it for OpenVINO `precision` (f32 | bf16) on this CPU."""
-    model = core.read_model(path)
+class WeightsFile:
+    """An IR's weights file (`model.bin`) mapped by this process, for OpenVINO to read its constants from in place,
+    as it does when it maps the file itself. OpenVINO's CPU plugin copies the matrix weights into layouts of its own
+    at the first inference of each shape regime and never reads them from the file again: `release` hands those
+    pages back to the kernel, both this process's mapping and the page cache (MiniLM: -20 MB per loaded model,
+    docs/performance.md, twelfth round). Nothing can be lost: a later read faults a page in from the file again, and
+    pages this process has written (private copies; OpenVINO does not write its constants) are never dropped."""
+
+    def __init__(self, path: str):
+        self._fd = os.open(path, os.O_RDONLY)  # kept: the page cache is advised through it (the path may go)
+        weakref.finalize(self, os.close, self._fd)
+        # A copy-on-write mapping: OpenVINO takes only writable arrays into a shared-memory tensor.
+        self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_COPY)
+        self.array = np.frombuffer(self._map, dtype=np.uint8)
+
+    def tensor(self):
+        import openvino as ov
+
+        return ov.Tensor(self.array, shared_memory=True)
+
+    def matrix_weights(self, model) -> list[tuple[int, int]]:
+        """(offset, bytes) in this file of every constant of `model` that only MatMuls read (through a Convert where
+        it is stored in 16 bits), adjacent ones merged."""
+        base, spans = self.array.__array_interface__["data"][0], []
+        for op in model.get_ops():
+            if op.get_type_name() != "Constant":
+                continue
+            readers = [r for u in _readers(op) for r in (_readers(u) if u.get_type_name() == "Convert" else [u])]
+            if not readers or any(r.get_type_name() != "MatMul" for r in readers):
+                continue
+            start = np.asarray(op.data).__array_interface__["data"][0] - base  # a view into this file's mapping
+            if 0 <= start < self.array.nbytes:
+                spans.append((start, start + op.get_byte_size()))
+        merged: list[list[int]] = []
+        for start, end in sorted(spans):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        return [(start, end - start) for start, end in merged]
+
+    def release(self, spans: list[tuple[int, int]]) -> int:
+        """Drop the whole pages inside `spans` from this mapping and from the page cache; the bytes dropped (0 when
+        this process has written into the mapping)."""
+        if _written_kb(self.array.__array_interface__["data"][0]):
+            return 0
+        page, dropped = mmap.PAGESIZE, 0
+        for start, size in spans:
+            low, high = -(-start // page) * page, (start + size) // page * page
+            if high > low:
+                self._map.madvise(mmap.MADV_DONTNEED, low, high - low)
+                os.posix_fadvise(self._fd, low, high - low, os.POSIX_FADV_DONTNEED)
+                dropped += high - low
+        return dropped
+
+
+def _readers(node) -> list:
+    return [target.get_node() for output in node.outputs() for target in output.get_target_inputs()]
+
+
+def _written_kb(address: int) -> int:
+    """kB of private copies (pages written by this process) in the mapping that holds `address`."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split(None, 1)[0]
+            if not head.endswith(":"):
+                low, high = (int(x, 16) for x in head.split("-"))
+                inside = low <= address < high
+            elif inside and head == "Anonymous:":
+                return int(line.split()[1])
+    return 0
+
+
+def read_model(core, path: str, precision: str, weights: WeightsFile | None = None):
+    """The model at `path` as this process compiles it for OpenVINO `precision` (f32 | bf16) on this CPU; an IR's
+    constants are read from `weights` when given, else from a mapping OpenVINO makes."""
+    model = core.read_model(path) if weights is None else core.read_model(Path(path).read_text(), weights.tensor())
     computes_f32 = precision == "f32" or "BF16" not in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
     if computes_f32 and any(op.get_type_name() == "Constant" and op.get_element_type().get_type_name() == "f16"
                             for op in model.get_ops()):
@@ -78,7 +158,10 @@ class OpenVinoSession:
             "ENABLE_CPU_PINNING": False,
         }
         core = ov.Core()
-        self.compiled = core.compile_model(read_model(core, path, config["INFERENCE_PRECISION_HINT"]), "CPU", config)
+        self._weights = WeightsFile(str(Path(path).with_suffix(".bin"))) if path.endswith(".xml") else None
+        model = read_model(core, path, config["INFERENCE_PRECISION_HINT"], self._weights)
+        self._matrix_weights = self._weights.matrix_weights(model) if self._weights else []
+        self.compiled = core.compile_model(model, "CPU", config)
         self.computes = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()  # bf16 or f32 here
         self.parallel = streams
         self._idle = queue.SimpleQueue()
@@ -97,6 +180,11 @@ class OpenVinoSession:
             self._idle.put(request)
         self._called = True
         return {name: result[port] for name, port in self._outputs}
+
+    def warmed(self) -> int:
+        """Called once every input shape the runner sends has run on every infer request: the file pages of the
+        matrix weights go back to the kernel (the plugin holds them in its own layouts now); the bytes dropped."""
+        return self._weights.release(self._matrix_weights) if self._weights else 0
 
     def map(self, calls: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         if self._threads is None or len(calls) < 2:

@@ -79,7 +79,8 @@ class FrameworkRunnerModel:
             if not checked:  # the first call runs before any other thread uses the session (the check was one)
                 self._warm(lengths[:1])
                 lengths = lengths[1:]
-            self.warming = threading.Thread(target=self._warm, args=(lengths,), name="warm-pack-shapes", daemon=True)
+            self.warming = threading.Thread(target=self._warm_then_settle, args=(lengths,), name="warm-pack-shapes",
+                                            daemon=True)
             self.warming.start()
 
     def _check_reference(self, path: str, params: dict[str, str], reference_path: str):
@@ -174,20 +175,33 @@ class FrameworkRunnerModel:
                         results[i][name][r] = values[j]
         return results
 
-    def _warm(self, lengths: list[int]):
+    def _warm(self, lengths: list[int]) -> bool:
         """Run each pack length the runner can send (multiples of PACK_MULTIPLE up to max_pack_tokens) once, on
-        every stream. A runtime keeps state per input shape: warmed, memory is at its steady state seconds after
-        load and no request waits for a shape's first run. Started in the background by initialize (warming all
-        16 shapes at load added seconds to a cold start); requests share the session with it meanwhile."""
+        every stream; True when all ran. A runtime keeps state per input shape: warmed, memory is at its steady
+        state seconds after load and no request waits for a shape's first run. Started in the background by
+        initialize (warming all 16 shapes at load added seconds to a cold start); requests share the session with
+        it meanwhile."""
         for length in lengths:
             if self._stop_warming.is_set():
-                return
+                return False
             row = {n: np.zeros(length, dtype=np.int64) for n in PACKED_FEATURES if n in self.input_names}
             try:
                 self._run_all([packed_inputs([row], PACK_MULTIPLE)] * self._parallel())
             except Exception as e:  # noqa: BLE001 - not fatal: a request of that shape reports its own error
                 self._log("warn", f"warming pack length {length} failed: {e}")
+                return False
+        return True
+
+    def _warm_then_settle(self, lengths: list[int]):
+        """Warm the remaining lengths; once every shape has run, a session that can give memory back (`warmed`:
+        OpenVINO's file pages of weights it now holds in its own layouts) does."""
+        if self._warm(lengths) and hasattr(self.session, "warmed"):
+            try:
+                dropped = self.session.warmed()
+            except OSError as e:  # not fatal: the pages stay resident
+                self._log("warn", f"releasing the weights file's pages failed: {e}")
                 return
+            self._log("info", f"every pack length warmed; {dropped / 2**20:.1f} MB of weights file pages released")
 
     def _parallel(self) -> int:
         return getattr(self.session, "parallel", 1)
