@@ -135,6 +135,22 @@ def test_openvino_session_answers_the_same_when_packs_run_on_two_streams_at_once
         np.testing.assert_array_equal(both, alone)
 
 
+def fp16_matrices_mb(ir: Path) -> float:
+    """Bytes of the fp16 constants the IR's MatMuls read through a Convert (MiniLM: 36 matrices, 20.25 MB)."""
+    import openvino as ov
+
+    return sum(op.input_value(1).get_node().input_value(0).get_node().get_byte_size()
+               for op in ov.Core().read_model(str(ir)).get_ops()
+               if op.get_type_name() == "MatMul" and op.input_value(1).get_node().get_type_name() == "Convert") / 2**20
+
+
+def run_probe(script: str, sessions, ir: Path, *args: str) -> dict:
+    """A probe script's JSON answer, run in a fresh process beside the runner's modules."""
+    folder = Path(sessions["openvino"].__file__).parent
+    return json.loads(subprocess.run([sys.executable, "-c", script, str(folder), str(ir), *args],
+                                     capture_output=True, text=True, check=True).stdout)
+
+
 MEMORY_PROBE = """
 import json, sys
 import numpy as np
@@ -169,17 +185,9 @@ print(json.dumps({"grew_mb": anonymous_mb() - before, "embedding": embedding.tol
 
 @pytest.mark.skipif(CPU_HAS_BF16, reason="this CPU computes bf16, where OpenVINO keeps 16-bit weights anyway")
 def test_openvino_session_keeps_fp16_weights_in_16_bits_when_it_computes_f32(packed_ir, sessions):
-    import openvino as ov
-
     ir = packed_ir[1]["fp16"]
-    model = ov.Core().read_model(str(ir))
-    matrix_mb = sum(op.input_value(1).get_node().input_value(0).get_node().get_byte_size() for op in model.get_ops()
-                    if op.get_type_name() == "MatMul" and op.input_value(1).get_node().get_type_name() == "Convert"
-                    ) / 2**20
-    folder = Path(sessions["openvino"].__file__).parent
-    probe = {side: json.loads(subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(folder), str(ir), side],
-                                             capture_output=True, text=True, check=True).stdout)
-             for side in ("session", "plain")}
+    matrix_mb = fp16_matrices_mb(ir)
+    probe = {side: run_probe(MEMORY_PROBE, sessions, ir, side) for side in ("session", "plain")}
     np.testing.assert_array_equal(probe["session"]["embedding"], probe["plain"]["embedding"])
     assert matrix_mb > 20  # MiniLM's 36 matrices in fp16
     # Widened to f32 they cost twice their fp16 size per layout; kept in 16 bits, once.
@@ -227,15 +235,9 @@ print(json.dumps({"resident_mb": resident, "dropped_mb": dropped / 2**20, "relea
 
 
 def test_openvino_session_releases_the_weights_file_pages_of_its_matrices_when_warmed(packed_ir, sessions):
-    import openvino as ov
-
     ir = packed_ir[1]["fp16"]
-    matrix_mb = sum(op.input_value(1).get_node().input_value(0).get_node().get_byte_size() for op in
-                    ov.Core().read_model(str(ir)).get_ops() if op.get_type_name() == "MatMul"
-                    and op.input_value(1).get_node().get_type_name() == "Convert") / 2**20
-    folder = Path(sessions["openvino"].__file__).parent
-    probe = json.loads(subprocess.run([sys.executable, "-c", RELEASE_PROBE, str(folder), str(ir)],
-                                      capture_output=True, text=True, check=True).stdout)
+    matrix_mb = fp16_matrices_mb(ir)
+    probe = run_probe(RELEASE_PROBE, sessions, ir)
     assert probe["same"], "the embeddings changed after the pages were released"
     assert matrix_mb - 0.1 <= probe["dropped_mb"] <= matrix_mb, probe
     assert probe["resident_mb"] - probe["released_mb"] >= 0.95 * matrix_mb, probe

@@ -68,6 +68,7 @@ class WeightsFile:
         # A copy-on-write mapping: OpenVINO takes only writable arrays into a shared-memory tensor.
         self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_COPY)
         self.array = np.frombuffer(self._map, dtype=np.uint8)
+        self._address = self.array.__array_interface__["data"][0]
 
     def tensor(self):
         import openvino as ov
@@ -77,14 +78,14 @@ class WeightsFile:
     def matrix_weights(self, model) -> list[tuple[int, int]]:
         """(offset, bytes) in this file of every constant of `model` that only MatMuls read (through a Convert where
         it is stored in 16 bits), adjacent ones merged."""
-        base, spans = self.array.__array_interface__["data"][0], []
+        spans = []
         for op in model.get_ops():
             if op.get_type_name() != "Constant":
                 continue
             readers = [r for u in _readers(op) for r in (_readers(u) if u.get_type_name() == "Convert" else [u])]
             if not readers or any(r.get_type_name() != "MatMul" for r in readers):
                 continue
-            start = np.asarray(op.data).__array_interface__["data"][0] - base  # a view into this file's mapping
+            start = np.asarray(op.data).__array_interface__["data"][0] - self._address  # a view into the mapping
             if 0 <= start < self.array.nbytes:
                 spans.append((start, start + op.get_byte_size()))
         merged: list[list[int]] = []
@@ -98,7 +99,7 @@ class WeightsFile:
     def release(self, spans: list[tuple[int, int]]) -> int:
         """Drop the whole pages inside `spans` from this mapping and from the page cache; the bytes dropped (0 when
         this process has written into the mapping)."""
-        if _written_kb(self.array.__array_interface__["data"][0]):
+        if _written_kb(self._address):
             return 0
         page, dropped = mmap.PAGESIZE, 0
         for start, size in spans:
