@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -16,7 +18,8 @@ from tritonpack.check import check, inspect_env
 from tritonpack.components import Artifact, StepSettings, framework_model, python_model
 from tritonpack.containers import container_python, containers_for
 from tritonpack.env import environment_for, envs_covering, required_modules
-from tritonpack.envpack import EnvSpec, extra_strip, known_envs, local_python, pack_env, pack_prefix
+from tritonpack.envpack import SHARED_OBJECT, EnvSpec, extra_strip, known_envs, local_python, pack_env, pack_prefix
+from tritonpack.library_sharing import INDEX, MODULE, PTH_LINE, STORE, share_libraries
 from tritonpack.spec import DynamicBatching, ModelSpec, Tensor
 
 PROBE_MODULE = "tritonpack_env_probe"  # exists only inside the packed env built below
@@ -85,6 +88,7 @@ def test_pack_env_gives_same_bytes_when_packed_twice(tmp_path):
     assert not [n for n in names if "/tests/" in n or n.startswith("lib64/")]
     assert "command" not in cfg and str(tmp_path) not in cfg
     assert_bytecode_in_place_of_every_module(first.path, first.python, tmp_path)
+    assert_library_index_lists_every_shared_object(first.path, first.python)
     meta = json.loads(first.path.with_suffix("").with_suffix(".json").read_text())
     assert meta["compressed_bytes"] == first.path.stat().st_size
 
@@ -107,6 +111,57 @@ def assert_bytecode_in_place_of_every_module(env: Path, python: str, tmp_path: P
     loaded = [line for line in verbose.splitlines()
               if line.startswith("# code object from") and str(site / "numpy") in line]
     assert len(loaded) > 20 and all(line.rstrip("'").endswith(".pyc") for line in loaded), verbose[-2000:]
+
+
+def assert_library_index_lists_every_shared_object(env: Path, python: str) -> None:
+    """The sharing hook is installed (module, `.pth` line) and its index names every shared object of the env,
+    numpy's and tokenizers' included, with the SHA-256 of the bytes packed."""
+    site_prefix = f"lib/python{python}/site-packages/"
+    with tarfile.open(env) as tar:
+        index = json.loads(tar.extractfile(site_prefix + INDEX).read())
+        assert tar.extractfile(f"{site_prefix}{MODULE}.pth").read().decode() == PTH_LINE
+        assert f"{site_prefix}{MODULE}.pyc" in tar.getnames()
+        shared_objects = {m.name: hashlib.sha256(tar.extractfile(m).read()).hexdigest() for m in tar.getmembers()
+                          if m.isfile() and SHARED_OBJECT.search(m.name)}
+    assert index == shared_objects
+    assert any("/numpy/core/_multiarray_umath." in name for name in index)
+    assert any("/tokenizers/tokenizers." in name for name in index)
+
+
+def unpacked_env(root: Path, files: dict[str, bytes]) -> tuple[Path, dict[str, str]]:
+    for relative, data in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_bytes(data)
+    return root, {relative: hashlib.sha256(data).hexdigest() for relative, data in files.items()}
+
+
+def test_library_sharing_links_equal_libraries_of_environments_triton_unpacked_to_one_copy(tmp_path):
+    files = {"lib/libbig.so.2": b"\x7fELF big library" * 1000, "lib/python3.10/site-packages/m/_ext.so": b"ext"}
+    first, index = unpacked_env(tmp_path / "python_env_AbC123" / "0", files)
+    second, _ = unpacked_env(tmp_path / "python_env_AbC123" / "1", files)
+    (second / "lib" / "unindexed.so").write_bytes(b"not in the index")
+
+    assert share_libraries(first, index) == 0  # the first environment lends its files
+    assert share_libraries(second, index) == sum(len(data) for data in files.values())
+    for relative, data in files.items():
+        assert os.path.samefile(first / relative, second / relative)
+        assert (second / relative).read_bytes() == data
+    assert share_libraries(second, index) == 0  # shared already
+    assert sorted(p.name for p in (tmp_path / "python_env_AbC123" / STORE).iterdir()) == sorted(index.values())
+    assert (tmp_path / "python_env_AbC123" / STORE).stat().st_mode & 0o777 == 0o700
+    assert not [p for p in second.rglob(".*")]  # no temporary link left behind
+
+
+def test_library_sharing_keeps_its_own_file_when_the_stored_one_differs_or_triton_did_not_unpack_it(tmp_path):
+    first, index = unpacked_env(tmp_path / "python_env_x" / "0", {"lib/a.so": b"one size"})
+    second, _ = unpacked_env(tmp_path / "python_env_x" / "1", {"lib/a.so": b"another size"})
+    share_libraries(first, index)
+    assert share_libraries(second, index) == 0
+    assert (second / "lib" / "a.so").read_bytes() == b"another size"
+
+    elsewhere, index = unpacked_env(tmp_path / "venvs" / "0", {"lib/a.so": b"one size"})
+    assert share_libraries(elsewhere, index) == 0
+    assert sorted(p.name for p in (tmp_path / "venvs").iterdir()) == ["0"]
 
 
 @pytest.fixture(scope="module")

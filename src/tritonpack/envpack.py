@@ -3,7 +3,8 @@
 Each environment is defined by `envs/<name>/environment.yml` (a conda environment file whose pip section
 lists the exact wheels). `pack_env` builds it with conda + conda-pack when `conda` is on PATH, else with a
 venv + venv-pack (what CI uses), strips what the models never import (tests, headers, type stubs, build
-tools), replaces the Python modules of its site-packages by their bytecode (`compile_bytecode`), and rewrites
+tools), installs the hook by which loaded models share its libraries (`install_library_sharing`), replaces the
+Python modules of its site-packages by their bytecode (`compile_bytecode`), and rewrites
 the archive so equal inputs give equal bytes: sorted entries, fixed mtime/owner, gzip without a timestamp, no
 build paths.
 
@@ -15,6 +16,7 @@ on the Triton containers, `--python-prefix`).
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import os
@@ -27,7 +29,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonpack import CARD_ROOT
+from tritonpack import CARD_ROOT, library_sharing
 from tritonpack.archive import normalise_name
 from tritonpack.backends import ENVIRONMENTS
 from tritonpack.cache import ArtifactCache, producer
@@ -41,6 +43,8 @@ ENVS_DIR = CARD_ROOT / "envs"
 STRIP = re.compile(r"(^|/)(tests?|__pycache__|include)(/|$)|\.(pyc|pyi|pxd|h|c)$"
                    r"|(^|/)numpy/(distutils|f2py|_pyinstaller|typing)(/|$)"
                    r"|^bin/(?!python|activate$|activate\.|deactivate)|^bin/activate\.(csh|fish)$|^bin/Activate\.ps1$")
+
+SHARED_OBJECT = re.compile(r"\.so(\.\d+)*$")
 
 
 def extra_strip(name: str, python: str) -> re.Pattern | None:
@@ -170,7 +174,7 @@ def pack_env(names: str | tuple[str, ...], out_dir: Path, python: str | None = N
     return PackedEnv(spec.name, python, target, spec.packages, method)
 
 
-@producer("packed-env", code=(ENVS_DIR,))
+@producer("packed-env", code=(ENVS_DIR, Path(library_sharing.__file__)))
 def packed_env(out_dir: Path, names: tuple[str, ...], python: str, method: str) -> None:
     pack_env(names, out_dir, python, method)
 
@@ -233,13 +237,27 @@ def _conda_env(spec: EnvSpec, python: str, prefix: Path) -> None:  # pragma: no 
 
 
 def _finish_env(spec: EnvSpec, python: str, prefix: Path) -> None:
-    """Delete what no served model imports, compile the rest to bytecode, drop the files both removed from each
-    wheel's RECORD, then import what the env provides with the env's own Python (`-B`: the import check writes
-    nothing into the env)."""
+    """Delete what no served model imports, install the library sharing, compile the Python to bytecode, drop the
+    files both removed from each wheel's RECORD, then import what the env provides with the env's own Python (`-B`:
+    the import check writes nothing into the env; the sharing hook runs and, outside Triton, does nothing)."""
     strip_env(prefix, spec.extra_strip(python))
+    install_library_sharing(prefix, python)
     compile_bytecode(prefix, python)
     _prune_records(prefix)
     _run([str(prefix / "bin" / "python"), "-B", "-c", "; ".join(f"import {m}" for m in spec.import_check())])
+
+
+def install_library_sharing(prefix: Path, python: str) -> None:
+    """Index every shared object of the env by its SHA-256 and install `tritonpack.library_sharing` with the `.pth`
+    line that runs it at interpreter start: models loaded from equal environments then map one copy of each."""
+    site = prefix / "lib" / f"python{python}" / "site-packages"
+    index = {path.relative_to(prefix).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+             for path in sorted(prefix.rglob("*")) if SHARED_OBJECT.search(path.name) and path.is_file()
+             and not path.is_symlink()}
+    module = library_sharing.MODULE
+    shutil.copyfile(library_sharing.__file__, site / f"{module}.py")
+    (site / library_sharing.INDEX).write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    (site / f"{module}.pth").write_text(library_sharing.PTH_LINE)
 
 
 def compile_bytecode(prefix: Path, python: str) -> None:
