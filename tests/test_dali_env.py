@@ -17,6 +17,7 @@ import pytest
 
 from tests.images import bad_payloads, image_kinds
 from tritonpack.components import load_model_module
+from tritonpack.proc import mapped_files
 
 MODEL = "resnet_pt_preprocess"
 
@@ -66,19 +67,12 @@ def test_dali_runner_serves_same_pixels_from_packed_env_when_env_is_attached(env
             assert server.is_ready()
         finally:
             client.close()
-        dali_libraries = {line.split()[-1] for pid in server.process_group_pids()
-                          for line in _maps(pid) if line.endswith("libdali_operators.so")}
+        dali_libraries = {path for pid in server.process_group_pids()
+                          for path in mapped_files(pid) if path.endswith("libdali_operators.so")}
     assert dali_libraries, "no process of the server loaded DALI"
     venv = Path(sys.prefix).resolve()
     assert not [p for p in dali_libraries if Path(p).is_relative_to(venv)], (
         f"the stub loaded DALI from .venv, not from the packed env: {dali_libraries}")
-
-
-def _maps(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/maps").read_text().splitlines()
-    except OSError:
-        return []
 
 
 @pytest.mark.parametrize(("path", "stripped"), [

@@ -17,6 +17,7 @@ from tests.conftest import BUILD_CACHE
 from tests.mme_support import aws_env, local_mme, models_folder, runtime_for  # noqa: F401
 from tritonpack.builder import BuildRequest, build
 from tritonpack.check import check
+from tritonpack.proc import mapped_files
 from tritonpack.server import PYTHON_VERSION
 
 MANIFEST_KEYS = {"ensemble", "target", "sagemaker_triton_default_model_name", "build", "python_version",
@@ -106,25 +107,15 @@ def test_check_says_not_deployable_when_a_tarball_has_no_environment_for_what_it
         "not set, but the model imports openvino", "not set, but the model imports tokenizers"]
 
 
-def stub_maps(server) -> dict[int, tuple[str, str]]:
-    """pid → (model, /proc/<pid>/maps) of the python stubs running now."""
-    maps = {}
-    for pid, model in server.stub_models().items():
-        try:  # stubs seen earlier may have exited since (Triton replaced them)
-            maps[pid] = (model, Path(f"/proc/{pid}/maps").read_text())
-        except FileNotFoundError:
-            continue
-    return maps
+def stub_files(server) -> list[tuple[str, dict[str, tuple[str, int]]]]:
+    """(model, the files it maps) of each python stub running now (stubs seen earlier may have exited since)."""
+    return [(model, files) for pid, model in server.stub_models().items() if (files := mapped_files(pid))]
 
 
-def mapped_env_files(maps: str) -> dict[str, tuple[str, str]]:
-    """The files of an unpacked environment a stub maps: path inside the environment → (device, inode)."""
-    files = {}
-    for line in maps.splitlines():
-        fields = line.split()
-        if len(fields) == 6 and "/python_env_" in fields[5]:
-            files[fields[5].split("/python_env_")[1].split("/", 2)[2]] = (fields[3], fields[4])
-    return files
+def in_environment(files: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
+    """The mapped files of an unpacked environment: path inside the environment → (device, inode)."""
+    return {path.split("/python_env_")[1].split("/", 2)[2]: inode for path, inode in files.items()
+            if "/python_env_" in path}
 
 
 @pytest.mark.server
@@ -146,23 +137,21 @@ def test_default_tarball_serves_through_the_local_mme_from_its_environment_alone
     for target in targets:
         assert_embeddings_match(embed_texts(texts, target, client=runtime_for(mme)), reference)
     expected, deadline = ["bert_encoder"] * 2 + ["bert_tokenizer"] * 2, time.monotonic() + 60
-    maps = stub_maps(mme.triton.server)
-    while sorted(model for model, _ in maps.values()) != expected:  # the stubs of a reload take seconds to exit
-        assert time.monotonic() < deadline, [model for model, _ in maps.values()]
+    stubs = stub_files(mme.triton.server)
+    while sorted(model for model, _ in stubs) != expected:  # the stubs of a reload take seconds to exit
+        assert time.monotonic() < deadline, [model for model, _ in stubs]
         time.sleep(0.5)
-        maps = stub_maps(mme.triton.server)
-    for _, text in maps.values():
-        mapped = {line.split()[-1] for line in text.splitlines() if "/" in line}
-        python_files = {p for p in mapped if "/site-packages/" in p and "nvidia_pytriton" not in p}
+        stubs = stub_files(mme.triton.server)
+    for _, files in stubs:
+        python_files = {p for p in files if "/site-packages/" in p and "nvidia_pytriton" not in p}
         assert python_files, "the stub loaded no Python package at all"
         assert all("/python_env_" in p for p in python_files), sorted(p for p in python_files
                                                                       if "/python_env_" not in p)
-    extracted = {p.split("/python_env_")[1].split("/")[1] for _, text in maps.values()
-                 for p in text.split() if "/python_env_" in p}
+    extracted = {p.split("/python_env_")[1].split("/")[1] for _, files in stubs for p in files if "/python_env_" in p}
     assert len(extracted) == 2  # one extraction of the environment per copy, shared by that copy's two stubs
     by_model: dict[str, list[dict]] = {}
-    for model, text in maps.values():
-        by_model.setdefault(model, []).append(mapped_env_files(text))
+    for model, files in stubs:
+        by_model.setdefault(model, []).append(in_environment(files))
     for model, library in (("bert_encoder", "openvino/libs/libopenvino_intel_cpu_plugin.so"),
                            ("bert_tokenizer", "tokenizers/tokenizers.abi3.so")):
         first, second = by_model[model]

@@ -16,7 +16,6 @@ on the Triton containers, `--python-prefix`).
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import json
 import os
@@ -34,7 +33,7 @@ from tritonpack.archive import normalise_name
 from tritonpack.backends import ENVIRONMENTS
 from tritonpack.cache import ArtifactCache, producer
 from tritonpack.errors import EnvError
-from tritonpack.repository import FIXED_MTIME
+from tritonpack.repository import FIXED_MTIME, sha256_file
 from tritonpack.server import PYTHON_VERSION
 
 ENVS_DIR = CARD_ROOT / "envs"
@@ -247,11 +246,15 @@ def _finish_env(spec: EnvSpec, python: str, prefix: Path) -> None:
     _run([str(prefix / "bin" / "python"), "-B", "-c", "; ".join(f"import {m}" for m in spec.import_check())])
 
 
+def site_packages(prefix: Path, python: str) -> Path:
+    return prefix / "lib" / f"python{python}" / "site-packages"
+
+
 def install_library_sharing(prefix: Path, python: str) -> None:
     """Index every shared object of the env by its SHA-256 and install `tritonpack.library_sharing` with the `.pth`
     line that runs it at interpreter start: models loaded from equal environments then map one copy of each."""
-    site = prefix / "lib" / f"python{python}" / "site-packages"
-    index = {path.relative_to(prefix).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+    site = site_packages(prefix, python)
+    index = {path.relative_to(prefix).as_posix(): sha256_file(path)
              for path in sorted(prefix.rglob("*")) if SHARED_OBJECT.search(path.name) and path.is_file()
              and not path.is_symlink()}
     module = library_sharing.MODULE
@@ -269,7 +272,7 @@ def compile_bytecode(prefix: Path, python: str) -> None:
     function, not the line's text. One file after another in sorted order, paths relative to `prefix`, source
     hashes instead of mtimes: packing twice gives the same bytes."""
     prefix = prefix.resolve()
-    site = prefix / "lib" / f"python{python}" / "site-packages"
+    site = site_packages(prefix, python)
     _run([str(prefix / "bin" / "python"), "-m", "compileall", "-q", "-b", "--invalidation-mode", "unchecked-hash",
           "-s", str(prefix), str(site)])
     for source in site.rglob("*.py"):

@@ -39,7 +39,7 @@ def share_libraries(env_root: Path, index: dict[str, str]) -> int:
     store = env_root.parent / STORE
     store.mkdir(mode=0o700, exist_ok=True)
     shared = 0
-    for relative, digest in sorted(index.items()):
+    for relative, digest in index.items():
         own, stored = env_root / relative, store / digest
         try:
             os.link(own, stored)  # the first environment to arrive lends its copy

@@ -89,15 +89,22 @@ def stub_shm_regions(args: list[bytes]) -> set[str]:
     return {a.decode() for a in args if a.startswith(SHM_PREFIX.encode())}
 
 
-def mapped_shm_regions(pid: int) -> set[str]:
-    """The python backend's /dev/shm regions process `pid` maps (tritonserver maps every stub's)."""
-    regions = set()
+def mapped_files(pid: int) -> dict[str, tuple[str, int]]:
+    """The files process `pid` maps: path (with ` (deleted)` for a removed one) → (device, inode); empty when the
+    process is gone."""
+    files = {}
     with suppress(OSError):
         for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-            name = line.rsplit("/dev/shm/", 1)[-1] if "/dev/shm/" in line else ""
-            if name.startswith(SHM_PREFIX):
-                regions.add(name.removesuffix(" (deleted)"))
-    return regions
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/"):
+                files[fields[5]] = (fields[3], int(fields[4]))
+    return files
+
+
+def mapped_shm_regions(pid: int) -> set[str]:
+    """The python backend's /dev/shm regions process `pid` maps (tritonserver maps every stub's)."""
+    names = (path.rsplit("/dev/shm/", 1)[-1] for path in mapped_files(pid) if "/dev/shm/" in path)
+    return {name.removesuffix(" (deleted)") for name in names if name.startswith(SHM_PREFIX)}
 
 
 def process_name(pid: int) -> str:
