@@ -15,15 +15,18 @@ import pytest
 from tritonpack.archive import ArchiveLimits, Problem
 from tritonpack.check import check
 from tritonpack.cli import main
+from tritonpack.containers import container_python
 from tritonpack.repository import sha256_file, write_tarball
 from tritonpack.spec import EnsembleStep, ModelSpec, Tensor
 
 
-def fake_env(path: Path, python: str) -> Path:
-    """A packed-env-shaped tarball (venv-pack layout) for `python`."""
+def fake_env(path: Path, python: str, numpy: str | None = None) -> Path:
+    """A packed-env-shaped tarball (venv-pack layout) for `python`, with numpy's distribution folder when given."""
+    site = f"lib/python{python}/site-packages"
+    dist_info = [(f"{site}/numpy-{numpy}.dist-info/METADATA", b"Name: numpy\n")] if numpy else []
     with tarfile.open(path, "w:gz") as tar:
-        for name, data in ((f"lib/python{python}/site-packages/probe.py", b"X = 1\n"),
-                           ("pyvenv.cfg", f"home = /usr/bin\nversion = {python}.4\n".encode())):
+        for name, data in ((f"{site}/probe.py", b"X = 1\n"),
+                           ("pyvenv.cfg", f"home = /usr/bin\nversion = {python}.4\n".encode()), *dist_info):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -222,6 +225,27 @@ def test_check_compares_env_python_with_container_when_container_is_given(tmp_pa
     assert problem == Problem("pre/env.tar.gz", "python", "env has Python 3.11 but the target's stub runs 3.10 "
                                                           "(Triton container 24.10)")
     assert check(root, python="3.11").ok
+
+
+@pytest.mark.parametrize("numpy, container, from_manifest, refused", [
+    ("2.2.6", "24.10", False, True),  # the release of the local Triton (2.51), where the stub was seen to abort
+    ("2.2.6", "24.09", True, True),  # the container the build names in manifest.json
+    ("1.26.4", "24.10", False, False),
+    ("2.2.6", "25.01", False, False),  # a later release: not known to fail
+])
+def test_check_refuses_numpy2_env_when_container_stub_binds_numpy1(tmp_path, numpy, container, from_manifest, refused):
+    python = container_python(container)
+    root = write_repo(tmp_path / "repo", env_python=python, manifest_python=python)
+    fake_env(root / "pre" / "env.tar.gz", python, numpy=numpy)
+    if from_manifest:
+        manifest = json.loads((root / "manifest.json").read_text())
+        (root / "manifest.json").write_text(json.dumps(manifest | {"build": {"container": container}}))
+    refresh_manifest(root)
+    report = check(as_tarball(root), container=None if from_manifest else container)
+    expected = Problem("pre/env.tar.gz", "numpy", f"env has numpy {numpy}, but the python backend stub of Triton "
+                                                  f"container {container} aborts with numpy 2: pin numpy<2 in "
+                                                  f"envs/*/environment.yml and rebuild")
+    assert report.problems == ([expected] if refused else [])
 
 
 def test_check_rejects_env_when_packed_env_is_hostile(tmp_path):

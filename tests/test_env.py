@@ -81,6 +81,8 @@ def test_pack_env_gives_same_bytes_when_packed_twice(tmp_path):
     with open(first.path, "rb") as f:
         info = inspect_env(f, first.path.name, ArchiveLimits())
     assert info.python == first.python and info.problems == []
+    assert {name: info.distributions[name] for name in ("numpy", "tokenizers")} == \
+        {"numpy": "1.26.4", "tokenizers": "0.23.3"}
     with tarfile.open(first.path) as tar:
         names = tar.getnames()
         cfg = tar.extractfile("pyvenv.cfg").read().decode()

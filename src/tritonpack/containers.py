@@ -26,6 +26,12 @@ CONTAINER_PYTHON: tuple[tuple[str, str, str], ...] = (
     ("24.12", "99.99", "3.12"),
 )
 
+# The last release whose python backend stub cannot read numpy 2: it binds numpy with pybind11 2.10 (python_backend#384
+# moved to 2.12 for numpy 2; Triton 2.51's and 2.52's release notes list numpy 2 as a known issue). With numpy 2 in a
+# packed environment the stub aborts (`unpack_from requires a buffer of at least …`), seen with the local Triton
+# 2.51 (docs/performance.md, fourteenth round). Later releases are not known either way.
+NUMPY1_STUB_LAST = "24.11"
+
 
 # What the SageMaker container's start script (`docker/sagemaker/serve`) passes to tritonserver when a variable of
 # the container environment is not set: python backend shared memory of 16 MB, growing by 1 MB.
@@ -78,6 +84,11 @@ def container_python(container: str) -> str:
             return python
     raise EnvError(f"unknown Triton container {container!r}; known from {CONTAINER_PYTHON[0][0]}")
 
+
+
+def stub_needs_numpy1(container: str) -> bool:
+    """Whether the python backend stub of Triton container `container` fails with numpy 2 in its environment."""
+    return version_key(container) <= version_key(NUMPY1_STUB_LAST)
 
 def containers_for(python: str) -> list[str]:
     """Container release ranges whose Python is `python`, e.g. ['23.03-24.11']."""

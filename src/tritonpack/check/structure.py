@@ -16,6 +16,7 @@ from google.protobuf import text_format
 from tritonpack.archive import Problem
 from tritonpack.backends import ENV_PARAMETER, LOADED_FILES, MODEL_DIR_VAR
 from tritonpack.check.tree import Tree
+from tritonpack.containers import container_python, stub_needs_numpy1
 from tritonpack.spec import config_parameters, parse_config
 from tritonpack.wiring import wiring_problems
 
@@ -54,17 +55,26 @@ def _parse(tree: Tree, name: str) -> tuple[object | None, Problem | None]:
         return None, Problem(name, where, reason)
 
 
-def target_python(manifest: dict | None, python: str | None, container: str | None) -> tuple[str | None, str]:
-    """The Python minor the target server's stub runs, and where that came from."""
-    if python:
-        return python, "--python"
-    if container:
-        from tritonpack.env import container_python
+@dataclass(frozen=True)
+class StubTarget:
+    """What runs the python models: the stub's Python minor (and where that came from) and the Triton container
+    release, each None when unknown."""
+    python: str | None
+    source: str = ""
+    container: str | None = None
 
-        return container_python(container), f"Triton container {container}"
+
+def stub_target(manifest: dict | None, python: str | None, container: str | None) -> StubTarget:
+    built_for = (manifest or {}).get("build")
+    release = container or (built_for.get("container") if isinstance(built_for, dict) else None)
+    release = release if isinstance(release, str) and re.fullmatch(r"\d+\.\d+", release) else None
+    if python:
+        return StubTarget(python, "--python", release)
+    if container:
+        return StubTarget(container_python(container), f"Triton container {container}", container)
     if manifest and manifest.get("python_version"):
-        return str(manifest["python_version"]), "manifest.json python_version"
-    return None, ""
+        return StubTarget(str(manifest["python_version"]), "manifest.json python_version", release)
+    return StubTarget(None, "", release)
 
 
 def check_tree(tree: Tree, label: str, python: str | None = None, container: str | None = None,
@@ -81,7 +91,7 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
         except (KeyError, ValueError) as e:
             problems.append(Problem("manifest.json", "file", f"not readable JSON: {e}"))
             manifest = None
-    py_target, py_source = target_python(manifest, python, container)
+    target = stub_target(manifest, python, container)
     local_only = bool(manifest and manifest.get("local_only"))
 
     configs = {}
@@ -97,8 +107,8 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
         if cfg.name and cfg.name != folder:
             problems.append(Problem(config_path, "name", f"{cfg.name!r} differs from its folder name {folder!r}"))
         configs[folder] = cfg
-        problems.extend(_model_problems(tree, folder, cfg, py_target, py_source, warnings,
-                                        local_only, server_has or (lambda module: False)))
+        problems.extend(_model_problems(tree, folder, cfg, target, warnings, local_only,
+                                        server_has or (lambda module: False)))
     report.models, report.configs, report.envs = sorted(configs), configs, tree.envs
     ensembles = sorted(name for name, cfg in configs.items() if cfg.platform == "ensemble")
     entry, entry_problems = _entry_point(label, top_dirs, top_files, configs, ensembles)
@@ -143,8 +153,8 @@ def _entry_point(label: str, top_dirs: list[str], top_files: list[str], configs:
     return (next(iter(configs)) if len(configs) == 1 and len(top_dirs) == 1 else None), problems
 
 
-def _model_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_source: str,
-                    warnings: list[Problem], local_only: bool, server_has: Callable[[str], bool]) -> list[Problem]:
+def _model_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: list[Problem], local_only: bool,
+                    server_has: Callable[[str], bool]) -> list[Problem]:
     problems = []
     config_path = f"{folder}/config.pbtxt"
     subdirs, _ = tree.children(folder)
@@ -188,7 +198,7 @@ def _model_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_sour
             else:
                 problems.append(missing)
     if cfg.backend == "python":
-        problems.extend(_env_problems(tree, folder, cfg, py_target, py_source, warnings, local_only, server_has))
+        problems.extend(_env_problems(tree, folder, cfg, target, warnings, local_only, server_has))
     return problems
 
 
@@ -238,8 +248,8 @@ def env_member(folder: str, value: str) -> str | None:
     return resolved
 
 
-def _env_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_source: str,
-                  warnings: list[Problem], local_only: bool, server_has: Callable[[str], bool]) -> list[Problem]:
+def _env_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: list[Problem], local_only: bool,
+                  server_has: Callable[[str], bool]) -> list[Problem]:
     config_path = f"{folder}/config.pbtxt"
     where = f"parameters.{ENV_PARAMETER}"
     from tritonpack.env import required_modules
@@ -277,16 +287,21 @@ def _env_problems(tree: Tree, folder: str, cfg, py_target: str | None, py_source
     if env.python is None:
         return [Problem(resolved, "python", "cannot tell the env's Python version (no conda-meta/python-*.json, "
                                             "pyvenv.cfg or lib/pythonX.Y/)")]
-    if py_target is None:
+    if target.python is None:
         warnings.append(Problem(resolved, "python", f"env has Python {env.python}; target Python unknown (no "
                                                     f"manifest.json; pass --container or --python)"))
-    elif env.python != py_target:
+    elif env.python != target.python:
         return [Problem(resolved, "python", f"env has Python {env.python} but the target's stub runs "
-                                            f"{py_target} ({py_source})")]
+                                            f"{target.python} ({target.source})")]
     missing = needs - env.modules
     if missing:
         return [Problem(config_path, where, f"{resolved} lacks {', '.join(sorted(missing))}, which the model "
                                             f"imports")]
+    numpy = env.distributions.get("numpy")
+    if numpy and int(re.match(r"\d+", numpy)[0]) >= 2 and target.container and stub_needs_numpy1(target.container):
+        return [Problem(resolved, "numpy", f"env has numpy {numpy}, but the python backend stub of Triton container "
+                                           f"{target.container} aborts with numpy 2: pin numpy<2 in "
+                                           f"envs/*/environment.yml and rebuild")]
     return []
 
 

@@ -29,6 +29,7 @@ class EnvInfo:
     python: str | None
     problems: list[Problem]
     modules: frozenset[str] = frozenset()  # top-level importable names in its site-packages
+    distributions: dict[str, str] = field(default_factory=dict)  # installed distribution → version
 
 
 @dataclass
@@ -86,16 +87,19 @@ _LIB_PYTHON = re.compile(r"^lib/python(\d+)\.(\d+)(/|$)")
 # A top-level importable name in site-packages: a package folder, a module (source or bytecode), or an extension
 # module.
 _SITE_MODULE = re.compile(r"^lib/python\d+\.\d+/site-packages/([A-Za-z_][A-Za-z0-9_]*)(/|\.pyc?$|\.cpython-[^/]*\.so$)")
+_DIST_INFO = re.compile(r"^lib/python\d+\.\d+/site-packages/([A-Za-z0-9_.]+?)-([0-9][^/-]*)\.dist-info(/|$)")
 
 
 def inspect_env(fileobj, label: str, limits: ArchiveLimits) -> EnvInfo:
-    """The Python version a packed environment (conda-pack or venv-pack tarball) was built for, and its safety.
+    """The Python version a packed environment (conda-pack or venv-pack tarball) was built for, what it installs
+    (top-level modules, and distributions by their `.dist-info` folders), and its safety.
 
-    Sources, best first: `conda-meta/python-X.Y.Z-*.json` (conda-pack), `pyvenv.cfg` (venv-pack), the
+    Python version sources, best first: `conda-meta/python-X.Y.Z-*.json` (conda-pack), `pyvenv.cfg` (venv-pack), the
     `lib/pythonX.Y/` folder name (both).
     """
     found: dict[str, str] = {}
     modules: set[str] = set()
+    distributions: dict[str, str] = {}
 
     def visit(member: tarfile.TarInfo, tar: tarfile.TarFile) -> None:
         name = normalise_name(member.name)
@@ -108,11 +112,13 @@ def inspect_env(fileobj, label: str, limits: ArchiveLimits) -> EnvInfo:
             found.setdefault("lib", f"{m[1]}.{m[2]}")
         if m := _SITE_MODULE.match(name):
             modules.add(m[1])
+        elif m := _DIST_INFO.match(name):
+            distributions[m[1].lower().replace("_", "-")] = m[2]
 
     problems = [Problem(p.file if p.file == label else f"{label}:{p.file}", p.field, p.reason)
                 for p in scan(fileobj, label, limits, visit, links_out=True)]
     python = found.get("conda") or found.get("pyvenv") or found.get("lib")
-    return EnvInfo(python, problems, frozenset(modules))
+    return EnvInfo(python, problems, frozenset(modules), distributions)
 
 
 def _keep_text(name: str, size: int) -> bool:
