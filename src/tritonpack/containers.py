@@ -85,10 +85,10 @@ def container_python(container: str) -> str:
     raise EnvError(f"unknown Triton container {container!r}; known from {CONTAINER_PYTHON[0][0]}")
 
 
-
 def stub_needs_numpy1(container: str) -> bool:
     """Whether the python backend stub of Triton container `container` fails with numpy 2 in its environment."""
     return version_key(container) <= version_key(NUMPY1_STUB_LAST)
+
 
 def containers_for(python: str) -> list[str]:
     """Container release ranges whose Python is `python`, e.g. ['23.03-24.11']."""
