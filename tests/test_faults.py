@@ -84,6 +84,7 @@ def test_served_ensemble_fails_requests_through_dead_step_and_stays_ready_when_a
         server.stop()
     assert group_members(pgid) == [], "processes (or zombies) of the server's group outlived stop()"
     assert not regions & hostile.shm_regions(), "the server's /dev/shm regions outlived stop()"
+    assert "bert_tokenizer" in server.log_path.read_text(), "the log of a server whose stub died is gone"
     with TritonServer(build_ensemble("bert").repository) as fresh:
         assert hostile.send(fresh.url, "/v2/models/bert/infer", VALID)[0] == 200
         assert fresh.dead_stubs() == []

@@ -30,6 +30,17 @@ def test_server_leaves_no_process_when_stopped_after_serving(build_ensemble):
         server.stop()
     assert server.process_group_pids() == []
     assert not server.is_live()
+    assert not server.log_path.parent.exists(), "the log folder of a clean run outlived stop()"
+
+
+def test_server_keeps_a_log_path_it_was_given_when_stopped(tmp_path):
+    log = tmp_path / "logs" / "tritonserver.log"
+    server = TritonServer(tmp_path / "empty", log_path=log)
+    (tmp_path / "empty").mkdir()
+    server.start()
+    server.stop()
+    assert server.process.returncode == 0
+    assert "Started HTTPService" in log.read_text()
 
 
 def test_server_raises_with_log_tail_when_repository_is_broken(tmp_path):
@@ -43,6 +54,7 @@ def test_server_raises_with_log_tail_when_repository_is_broken(tmp_path):
     assert str(server.log_path) in str(error.value)
     server.stop()
     assert server.process_group_pids() == []
+    assert "cannot load me" in server.log_path.read_text(), "the log the error names is gone"
 
 
 def test_serve_smoke_prints_a_real_embedding_when_run_from_the_cli(build_ensemble):

@@ -95,7 +95,7 @@ def cmd_serve(args) -> int:
         return 0
 
     server = TritonServer(Path(args.repository), http_port=args.http_port, grpc_port=args.grpc_port,
-                          metrics_port=args.metrics_port)
+                          metrics_port=args.metrics_port, keep_log=True)
     print(f"starting tritonserver on http://{server.url} (grpc {server.grpc_port}, metrics {server.metrics_port}); "
           f"log: {server.log_path}", flush=True)
     with server:

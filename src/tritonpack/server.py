@@ -103,7 +103,8 @@ def _become_subreaper() -> None:
 class TritonServer:
     """A tritonserver process serving `model_repository`; use as a context manager.
 
-    `extra_args` pass straight to tritonserver (e.g. the SageMaker front-end flags).
+    `extra_args` pass straight to tritonserver (e.g. the SageMaker front-end flags). Without `log_path` the log goes
+    to a new temporary folder, removed by a clean `stop()` unless `keep_log` (the CLI prints where it is).
     """
 
     model_repository: Path | None
@@ -114,9 +115,11 @@ class TritonServer:
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     startup_timeout_s: float = 180.0
+    keep_log: bool = False
     process: subprocess.Popen | None = None
     _stubs: dict[int, str] = field(default_factory=dict, repr=False)
     _regions: set[str] = field(default_factory=set, repr=False)
+    _owns_log_dir: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         self.http_port = self.http_port or free_port()
@@ -124,6 +127,7 @@ class TritonServer:
         self.metrics_port = self.metrics_port or free_port()
         if self.log_path is None:
             self.log_path = Path(tempfile.mkdtemp(prefix="tritonpack-")) / "tritonserver.log"
+            self._owns_log_dir = True
 
     @property
     def url(self) -> str:
@@ -181,6 +185,7 @@ class TritonServer:
         deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self.keep_log = True
                 raise ServerError(
                     f"tritonserver exited with {self.process.returncode} before it was ready; "
                     f"log: {self.log_path}\n{self.log_tail()}"
@@ -189,6 +194,7 @@ class TritonServer:
                 self.stub_models()
                 return
             time.sleep(0.2)
+        self.keep_log = True
         self.stop()
         raise ServerError(f"tritonserver not ready after {timeout_s or self.startup_timeout_s:.0f}s; "
                           f"log: {self.log_path}\n{self.log_tail()}")
@@ -240,12 +246,15 @@ class TritonServer:
 
         Triton gives up unloading when its exit timeout passes (an idle keep-alive client connection holds it
         that long) and then leaves its stubs' /dev/shm regions behind: those are removed here once the stubs
-        are gone, and the stubs are reaped, so nothing of the server outlives stop().
+        are gone, and the stubs are reaped, so nothing of the server outlives stop(). The log folder this object
+        made goes too, unless it is to be kept or something failed (the server did not get ready, exited on its own
+        or with an error, or a stub died): then the log stays where the error named it.
         """
         if self.process is None:
             return
         pgid = self.process.pid
         regions = self.stub_shm_regions()
+        self.keep_log |= self.process.poll() is not None or bool(self.dead_stubs())
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             with suppress(subprocess.TimeoutExpired):
@@ -266,6 +275,8 @@ class TritonServer:
         for region in regions:
             with suppress(OSError):
                 (proc.SHM / region).unlink()
+        if self._owns_log_dir and not self.keep_log and self.process.returncode == 0:
+            shutil.rmtree(self.log_path.parent, ignore_errors=True)
 
     def __enter__(self) -> TritonServer:
         return self.start() if self.process is None else self

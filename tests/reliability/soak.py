@@ -81,7 +81,7 @@ class SoakReport:
     shm_regions_before: int = 0
     shm_regions_after: int = 0
     stop_s: float = 0.0
-    log: str = ""
+    log: str = ""  # the server's log; TritonServer keeps it only when something failed
 
     @property
     def rss_growth(self) -> float:
@@ -263,10 +263,10 @@ def soak(repository: Path, workload: Workload, requests: int = 10_000, concurren
         finally:
             runner.close()
     finally:
-        report.log = str(server.log_path)
         stopping = time.monotonic()
         server.stop()
         report.stop_s = time.monotonic() - stopping
+        report.log = str(server.log_path) if server.log_path.exists() else ""
     report.processes_left = proc.group_members(pgid) if pgid else []
     report.regions_left = sorted(set(report.server_regions) & hostile.shm_regions())
     report.shm_regions_after = len(hostile.shm_regions())
