@@ -1,10 +1,11 @@
 """Soak: mixed valid and hostile requests at concurrency 8 on an own tritonserver (`tests/reliability/soak.py`).
 
 The fast subset (300 requests on `bert`) runs in `make test`; `make soak` runs 10,000 requests against `bert` and
-an image ensemble and also holds the growth of server + stub resident memory after warm-up to 5 %. Resident memory
-is counted once per page: the python backend's shared-memory pool is mapped by tritonserver and by every stub, so
-summing each process's VmRSS counts the pool several times as it fills (bounded, never a leak); both figures are
-reported. Figures go to dist/soak/.
+an image ensemble and also holds the growth of server + stub resident memory to 5 %: the run's last third over its
+first third (a leak grows there; a heap that swings with the last batches averages out), and for bert also the end
+over the state after warm-up. Resident memory is counted once per page: the python backend's shared-memory pool is
+mapped by tritonserver and by every stub, so summing each process's VmRSS counts the pool several times as it fills
+(bounded, never a leak); both figures are reported. Figures go to dist/soak/.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tests.reliability.soak import image_workload, soak, text_workload
 
 IMAGE_ENSEMBLE = "resnet_pt"
 MAX_RSS_GROWTH = 0.05
+IMAGE_WARMUP = 3000
 
 
 def check(report, max_rss_growth: float | None) -> None:
@@ -28,7 +30,7 @@ def check(report, max_rss_growth: float | None) -> None:
     assert report.processes_left == [], "processes (or zombies) of the server's group outlived stop()"
     assert report.regions_left == [], "the server's /dev/shm regions outlived stop()"
     if max_rss_growth is not None:
-        assert report.unique_growth <= max_rss_growth, report.summary()
+        assert report.unique_trend <= max_rss_growth, report.summary()
 
 
 @pytest.mark.server
@@ -39,11 +41,17 @@ def test_soak_answers_every_valid_request_and_leaves_nothing_when_300_mixed_requ
 @pytest.mark.server
 @pytest.mark.soak
 def test_soak_keeps_rss_flat_and_answers_every_valid_request_when_10000_mixed_requests_hit_bert(build_ensemble):
-    check(soak(build_ensemble("bert").repository, text_workload("bert"), requests=10_000), MAX_RSS_GROWTH)
+    report = soak(build_ensemble("bert").repository, text_workload("bert"), requests=10_000)
+    check(report, MAX_RSS_GROWTH)
+    assert report.unique_growth <= MAX_RSS_GROWTH, report.summary()
 
 
 @pytest.mark.server
 @pytest.mark.soak
 def test_soak_keeps_rss_flat_and_answers_every_valid_request_when_10000_mixed_requests_hit_images(build_ensemble):
-    report = soak(build_ensemble(IMAGE_ENSEMBLE).repository, image_workload(IMAGE_ENSEMBLE), requests=10_000)
+    # The TorchScript classifier's heap (glibc keeps freed activation memory) climbs to its high-water mark over the
+    # first few thousand requests, then swings with the sizes of the last batches (in-process, batches of 1-8: 700-730
+    # MB; served, ±40 MB between samples): the warm-up runs past the climb, and the bound is on the trend.
+    report = soak(build_ensemble(IMAGE_ENSEMBLE).repository, image_workload(IMAGE_ENSEMBLE), requests=10_000,
+                  warmup=IMAGE_WARMUP)
     check(report, MAX_RSS_GROWTH)

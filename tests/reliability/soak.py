@@ -73,6 +73,7 @@ class SoakReport:
     # private memory (RssAnon + RssFile per process) plus the pages of the server's /dev/shm regions counted once
     unique_kb_after_warmup: int = 0
     unique_kb_end: int = 0
+    unique_kb_samples: list[int] = field(default_factory=list)  # after each tenth of the run, as rss_kb_samples
     pss_kb_after_warmup: int = 0  # summed PSS: every page of the group counted once (tritonpack.proc)
     pss_kb_end: int = 0
     server_regions: list[str] = field(default_factory=list)
@@ -95,18 +96,27 @@ class SoakReport:
     def pss_growth(self) -> float:
         return self.pss_kb_end / max(self.pss_kb_after_warmup, 1) - 1.0
 
+    @property
+    def unique_trend(self) -> float:
+        """Memory of the run's last third over its first third (means of the samples): what a leak grows, while a
+        heap that swings with the last batches' sizes (the TorchScript classifier's, ±40 MB) averages out."""
+        third = max(1, len(self.unique_kb_samples) // 3)
+        first, last = self.unique_kb_samples[:third], self.unique_kb_samples[-third:]
+        return sum(last) / max(sum(first), 1) - 1.0 if first else 0.0
+
     def summary(self) -> str:
         return (f"{self.ensemble}: {self.requests} requests ({self.hostile} hostile) in {self.duration_s:.0f}s, "
                 f"{len(self.valid_failures)} valid failed, {len(self.hostile_unexpected)} hostile unexpected; "
                 f"RSS {self.rss_kb_after_warmup / 1024:.0f} → {self.rss_kb_end / 1024:.0f} MiB "
                 f"({self.rss_growth:+.1%}; shared memory counted once {self.unique_growth:+.1%}, "
-                f"PSS {self.pss_growth:+.1%}); "
+                f"PSS {self.pss_growth:+.1%}; last third over first {self.unique_trend:+.1%}); "
                 f"/dev/shm regions {self.shm_regions_before} before, "
                 f"{self.shm_regions_after} after ({len(self.regions_left)} of ours left); "
                 f"{len(self.processes_left)} processes left")
 
     def to_json(self) -> str:
-        growth = {"rss_growth": self.rss_growth, "unique_growth": self.unique_growth, "pss_growth": self.pss_growth}
+        growth = {"rss_growth": self.rss_growth, "unique_growth": self.unique_growth, "pss_growth": self.pss_growth,
+                  "unique_trend": self.unique_trend}
         return json.dumps(asdict(self) | growth, indent=2)
 
 
@@ -234,9 +244,10 @@ def soak(repository: Path, workload: Workload, requests: int = 10_000, concurren
         runner = _Runner(server, workload, concurrency)
         try:
             runner.references()
-            # warm-up: every hostile case once, then valid traffic at full concurrency
+            # warm-up: every hostile case once, then the measured run's own mix at full concurrency, so that the
+            # baseline is taken under the traffic it is compared with
             runner.run([("hostile", i) for i in range(len(workload.hostile))])
-            runner.run(plan_requests(workload, warmup, 0.0, seed + 1))
+            runner.run(plan_requests(workload, warmup, hostile_fraction, seed + 1))
             report.server_regions = sorted(stub_regions(server.process_group_pids()))
             report.memory_after_warmup = memory(server.process_group_pids())
             report.rss_kb_after_warmup = total(report.memory_after_warmup, "rss")
@@ -251,7 +262,9 @@ def soak(repository: Path, workload: Workload, requests: int = 10_000, concurren
                     setattr(report, kind, getattr(report, kind) + 1)
                     if problem:
                         (report.valid_failures if kind == "valid" else report.hostile_unexpected).append(problem)
-                report.rss_kb_samples.append(total(memory(server.process_group_pids()), "rss"))
+                now = memory(server.process_group_pids())
+                report.rss_kb_samples.append(total(now, "rss"))
+                report.unique_kb_samples.append(unique_kb(now, report.server_regions))
                 if progress:
                     progress(f"{report.requests}/{requests} requests, {time.monotonic() - start:.0f}s, "
                              f"RSS {report.rss_kb_samples[-1] / 1024:.0f} MiB")
