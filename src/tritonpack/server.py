@@ -185,7 +185,6 @@ class TritonServer:
         deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                self.keep_log = True
                 raise ServerError(
                     f"tritonserver exited with {self.process.returncode} before it was ready; "
                     f"log: {self.log_path}\n{self.log_tail()}"
