@@ -14,7 +14,9 @@ import json
 import random
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ from tritonpack.mme.container import Reply, TritonUnavailable
 from tritonpack.mme.health import CrashLedger, FaultPolicy, RestartBudget
 from tritonpack.mme.manager import ModelManager
 from tritonpack.mme.metrics import Metrics
+from tritonpack.mme.slots import SlotTable
 from tritonpack.mme.sources import TargetError
 from tritonpack.mme.store import Prepared
 
@@ -35,11 +38,12 @@ EXAMPLES = 60
 
 
 class FakeTriton:
-    """The SageMaker front-end of one tritonserver after another (a restart starts a new one), in memory.
+    """The SageMaker front-end of one tritonserver after another (`start` begins the next), in memory.
 
     A target holds Triton memory from the start of its load to the end of its unload; `violations` records every
     moment more than `max_models` did. Calls pause a random 0-2 ms at their start and middle, so that threads
-    interleave differently in every example; a call that outlives its server raises TritonUnavailable."""
+    interleave differently in every example; a call that outlives its server raises TritonUnavailable and changes
+    nothing in the next one."""
 
     def __init__(self, max_models: int, seed: int):
         self.max_models, self.random, self.lock = max_models, random.Random(seed), threading.Lock()
@@ -50,24 +54,26 @@ class FakeTriton:
         self.violations: list[set[str]] = []
         self.log_path = None
 
-    def _pause(self, generation: int) -> None:
+    @contextmanager
+    def _step(self, generation: int) -> Iterator[None]:
+        """Pauses, then holds the lock as the server the call began on: a call that outlived it changes nothing."""
         with self.lock:
             delay = self.random.random() * 0.002
         time.sleep(delay)
-        if not self.running or self.starts != generation:
-            raise TritonUnavailable("connection refused")
+        with self.lock:
+            if not self.running or self.starts != generation:
+                raise TritonUnavailable("connection refused")
+            yield
 
     def load(self, model_hash: str, target: str, url: Path) -> Reply:
         generation = self.starts
-        self._pause(generation)
-        with self.lock:
+        with self._step(generation):
             if target in self.resident:
                 return Reply(409, b'{"error": "already exists"}')
             self.resident.add(target)
             if len(self.resident) > self.max_models:
                 self.violations.append(set(self.resident))
-        self._pause(generation)
-        with self.lock:
+        with self._step(generation):
             if target == LOAD_REFUSED:
                 self.resident.discard(target)
                 return Reply(400, b'{"error": "load failed: RuntimeError: broken at import"}')
@@ -76,21 +82,18 @@ class FakeTriton:
 
     def unload(self, model_hash: str, target: str, timeout: float | None = None) -> Reply:
         generation = self.starts
-        self._pause(generation)
-        with self.lock:
+        with self._step(generation):
             if target not in self.loaded:
                 return Reply(404)
             self.loaded.discard(target)
             self.dead_stubs.discard(target)
-        self._pause(generation)
-        with self.lock:
+        with self._step(generation):
             self.resident.discard(target)
         return Reply(200)
 
     def invoke(self, model_hash: str, target: str, body: bytes, content_type: str | None) -> Reply:
         generation = self.starts
-        self._pause(generation)
-        with self.lock:
+        with self._step(generation):
             if target not in self.loaded:
                 return Reply(404)
             if target == STUB_KILLER:
@@ -103,7 +106,7 @@ class FakeTriton:
         with self.lock:
             self.running = False
 
-    def restart(self, stop_timeout_s: float = 30.0) -> FakeTriton:
+    def start(self, timeout_s: float = 180.0) -> FakeTriton:
         with self.lock:
             self.starts += 1
             self.running = True
@@ -229,6 +232,51 @@ def test_model_manager_reloads_then_quarantines_when_a_target_kills_its_stub_on_
         manager.invoke(STUB_KILLER, b"{}", None)
     assert refused.value.status == 424 and refused.value.code == "ModelError" and refused.value.retry_after > 0
     assert outcome(manager, triton, "m0")[1] == 200 and triton.starts == 1  # no restart for anyone
+
+
+def table_with(max_models: int, *targets: str) -> SlotTable:
+    """A slot table with `targets` loaded, the first the least recently used."""
+    table = SlotTable(max_models, Metrics())
+    for target in targets:
+        table.loaded(table.reserve(prepared(target)), use=False)
+    return table
+
+
+def prepared(target: str) -> Prepared:
+    return Prepared(target, "v1", Path("/models") / target)
+
+
+def test_slot_table_restores_no_target_that_another_call_is_making_room_for():
+    # the interleaving behind a CI failure of the property above (about 1 run in 20 of one call list)
+    table, deadline, stopping = table_with(2, "m2", "m1"), time.monotonic() + 5, lambda: False
+    refused, evicted = table.claim(prepared(LOAD_REFUSED), deadline, stopping)
+    assert evicted.target == "m2" and table.hand_over(evicted, refused)
+    wanted, making_room = table.claim(prepared("m2"), deadline, stopping)  # another call for m2 evicts m1
+    assert making_room.target == "m1"
+    table.drop(refused)  # Triton refused the load: its evicted target would be loaded again...
+    assert table.reserve(prepared("m2")) is None  # ...but the call above is loading it already
+    assert table.hand_over(making_room, wanted) and [s.target for s in table.snapshot()] == ["m2"]
+
+
+def test_slot_table_sends_no_load_for_a_slot_a_restart_dropped_and_holds_the_restart_while_loads_are_sent():
+    table = SlotTable(2, Metrics())
+    dropped = table.reserve(prepared("m0"))
+    table.drop_all()  # tritonserver is being restarted
+    assert table.send_load(dropped, lambda: pytest.fail("a load for the stopped server was sent")) is None
+    current, entered, release, replies = table.reserve(prepared("m1")), threading.Event(), threading.Event(), []
+
+    def send() -> Reply:
+        entered.set()
+        release.wait(5)
+        return Reply(200)
+
+    sender = threading.Thread(target=lambda: replies.append(table.send_load(current, send)))
+    sender.start()
+    assert entered.wait(5) and not table.wait_loads_sent(0.05)  # the next server waits for this load to end
+    release.set()
+    assert table.wait_loads_sent(5)
+    sender.join()
+    assert replies[0].status == 200
 
 
 def test_restart_budget_refuses_then_recovers_when_restarts_come_in_a_burst():

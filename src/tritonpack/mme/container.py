@@ -71,7 +71,7 @@ class Container(Protocol):
     def load(self, model_hash: str, target: str, url: Path) -> Reply: ...
     def unload(self, model_hash: str, target: str, timeout: float | None = None) -> Reply: ...
     def invoke(self, model_hash: str, target: str, body: bytes, content_type: str | None) -> Reply: ...
-    def restart(self, stop_timeout_s: float = 30.0) -> Container: ...
+    def start(self, timeout_s: float = 180.0) -> Container: ...
     def stop(self, timeout_s: float = 30.0) -> None: ...
 
 
@@ -116,10 +116,6 @@ class SageMakerTriton:
         """Note the running stubs and their /dev/shm regions, so that `stop` removes them even if they die."""
         if self.server is not None:
             self.server.stub_models()
-
-    def restart(self, stop_timeout_s: float = 30.0) -> SageMakerTriton:
-        self.stop(stop_timeout_s)
-        return self.start()
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the server and remove the working folder."""

@@ -110,20 +110,24 @@ class ModelManager:
         meanwhile. When Triton refuses it, the slot is given up and TargetError raised."""
         target, url = slot.target, slot.prepared.model_dir
 
-        def load() -> Reply:
-            return self.recovery.call(lambda: self.container.load(target_hash(target), target, url))
+        def load() -> Reply | None:
+            return self.recovery.call(
+                lambda: self.slots.send_load(slot, lambda: self.container.load(target_hash(target), target, url)))
 
         started = time.monotonic()
         try:
             reply = load()
-            if reply.status == 409:  # registered already (a load that outlived our bookkeeping): start clean
+            if reply is not None and reply.status == 409:
+                # registered already (a load that outlived our bookkeeping): start clean
                 self.recovery.call(lambda: self.container.unload(target_hash(target), target))
                 reply = load()
-            while reply.status == INSUFFICIENT_STORAGE and self._evict_idle(keep=target):
+            while reply is not None and reply.status == INSUFFICIENT_STORAGE and self._evict_idle(keep=target):
                 reply = load()
         except BaseException:
             self.slots.drop(slot)
             raise
+        if reply is None:
+            return False
         if reply.status != 200:
             self.slots.drop(slot)
             self.metrics.inc("ModelLoadFailures")

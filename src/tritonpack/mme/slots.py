@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from tritonpack.mme.container import Reply
 from tritonpack.mme.metrics import Metrics
 from tritonpack.mme.sources import TargetError
 from tritonpack.mme.store import Prepared
@@ -44,6 +45,7 @@ class SlotTable:
             raise ValueError("max_models must be at least 1")
         self.max_models, self.metrics = max_models, metrics
         self._slots: OrderedDict[str, Slot] = OrderedDict()  # least recently used first
+        self._loads_in_flight = 0  # load requests being sent to tritonserver (`send_load`)
         self._cond = threading.Condition()
 
     def use_loaded(self, target: str) -> Slot | None:
@@ -70,7 +72,7 @@ class SlotTable:
                     if not slot.active:  # its last load broke: unload it once no call is in it, load it again
                         slot.phase, slot.handover = Phase.UNLOADING, target
                         return Slot(prepared), slot
-                if slot is None and not any(s.handover == target for s in self._slots.values()):
+                if self._unclaimed(target):
                     if len(self._slots) < self.max_models:
                         new = self._slots[target] = Slot(prepared)
                         self._changed()
@@ -94,9 +96,9 @@ class SlotTable:
             return True
 
     def reserve(self, prepared: Prepared) -> Slot | None:
-        """A new slot for `prepared` if its target has none and one is free."""
+        """A new slot for `prepared` if its target has none (nor is taking another's) and one is free."""
         with self._cond:
-            if prepared.target in self._slots or len(self._slots) >= self.max_models:
+            if not self._unclaimed(prepared.target) or len(self._slots) >= self.max_models:
                 return None
             slot = self._slots[prepared.target] = Slot(prepared)
             self._changed()
@@ -113,6 +115,32 @@ class SlotTable:
                 self._use(slot)
             self._changed()
             return set(self._slots)
+
+    def send_load(self, slot: Slot, send: Callable[[], Reply]) -> Reply | None:
+        """`send()`, the load request for `slot`, if `slot` is still in the table; None when a restart emptied the
+        table meanwhile. A restart waits for the loads in flight (`wait_loads_sent`) before it starts the next
+        server: a load counted in one server's table never reaches the next one."""
+        with self._cond:
+            if self._slots.get(slot.target) is not slot:
+                return None
+            self._loads_in_flight += 1
+        try:
+            return send()
+        finally:
+            with self._cond:
+                self._loads_in_flight -= 1
+                self._cond.notify_all()
+
+    def wait_loads_sent(self, timeout_s: float) -> bool:
+        """Wait until no load request is in flight (the server they went to is stopped: they fail at once); False
+        if some still are after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._loads_in_flight:
+                if time.monotonic() >= deadline:
+                    return False
+                self._cond.wait(timeout=deadline - time.monotonic())
+            return True
 
     def start_unloading(self, keep: str | None = None, slot: Slot | None = None, wait_s: float = 0.0) -> Slot | None:
         """Mark `slot` (once it is idle, waiting up to `wait_s`; if it is still loaded and current) or else the least
@@ -180,6 +208,10 @@ class SlotTable:
             self._cond.notify_all()
 
     # under the lock
+    def _unclaimed(self, target: str) -> bool:
+        """No slot is `target`'s, and none is being unloaded to be handed to it."""
+        return target not in self._slots and not any(s.handover == target for s in self._slots.values())
+
     def _idle(self, keep: str | None = None) -> Slot | None:
         return next((s for s in self._slots.values() if s.phase is Phase.LOADED and not s.active
                      and s.target != keep), None)
