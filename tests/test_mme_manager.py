@@ -258,11 +258,11 @@ def test_slot_table_restores_no_target_that_another_call_is_making_room_for():
     assert table.hand_over(making_room, wanted) and [s.target for s in table.snapshot()] == ["m2"]
 
 
-def test_slot_table_sends_no_load_for_a_slot_a_restart_dropped_and_holds_the_restart_while_loads_are_sent():
+def test_slot_table_sends_nothing_for_a_slot_a_restart_dropped_and_holds_the_restart_while_requests_are_out():
     table = SlotTable(2, Metrics())
     dropped = table.reserve(prepared("m0"))
     table.drop_all()  # tritonserver is being restarted
-    assert table.send_load(dropped, lambda: pytest.fail("a load for the stopped server was sent")) is None
+    assert table.send(dropped, lambda: pytest.fail("a load for the stopped server was sent")) is None
     current, entered, release, replies = table.reserve(prepared("m1")), threading.Event(), threading.Event(), []
 
     def send() -> Reply:
@@ -270,11 +270,11 @@ def test_slot_table_sends_no_load_for_a_slot_a_restart_dropped_and_holds_the_res
         release.wait(5)
         return Reply(200)
 
-    sender = threading.Thread(target=lambda: replies.append(table.send_load(current, send)))
+    sender = threading.Thread(target=lambda: replies.append(table.send(current, send)))
     sender.start()
-    assert entered.wait(5) and not table.wait_loads_sent(0.05)  # the next server waits for this load to end
+    assert entered.wait(5) and not table.wait_for_requests(0.05)  # the next server waits for this load to end
     release.set()
-    assert table.wait_loads_sent(5)
+    assert table.wait_for_requests(5)
     sender.join()
     assert replies[0].status == 200
 

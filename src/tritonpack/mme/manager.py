@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 
 from tritonpack.mme.container import Container, Reply
 from tritonpack.mme.health import CrashLedger, FaultPolicy
@@ -111,15 +112,14 @@ class ModelManager:
         target, url = slot.target, slot.prepared.model_dir
 
         def load() -> Reply | None:
-            return self.recovery.call(
-                lambda: self.slots.send_load(slot, lambda: self.container.load(target_hash(target), target, url)))
+            return self._send(slot, lambda: self.container.load(target_hash(target), target, url))
 
         started = time.monotonic()
         try:
             reply = load()
             if reply is not None and reply.status == 409:
                 # registered already (a load that outlived our bookkeeping): start clean
-                self.recovery.call(lambda: self.container.unload(target_hash(target), target))
+                self._send(slot, lambda: self.container.unload(target_hash(target), target))
                 reply = load()
             while reply is not None and reply.status == INSUFFICIENT_STORAGE and self._evict_idle(keep=target):
                 reply = load()
@@ -146,6 +146,10 @@ class ModelManager:
             log.info("disk cache over %d bytes: removed %s", self.store.cache.max_bytes, ", ".join(evicted))
         return True
 
+    def _send(self, slot: Slot, request: Callable[[], Reply]) -> Reply | None:
+        """`request()`, a load or unload of `slot`'s target; None when a restart emptied the table meanwhile."""
+        return self.recovery.call(lambda: self.slots.send(slot, request))
+
     def _restore(self, evicted: Slot) -> None:
         """Load `evicted` again after the load that was to take its slot failed."""
         try:
@@ -163,8 +167,8 @@ class ModelManager:
         timeout = self.policy.dead_unload_timeout_s if slot.broken else None
         generation, started = self.container.starts, time.monotonic()
         try:
-            reply = self.recovery.call(lambda: self.container.unload(target_hash(slot.target), slot.target,
-                                                                     timeout=timeout))
+            reply = self._send(slot, lambda: self.container.unload(target_hash(slot.target), slot.target,
+                                                                   timeout=timeout))
         except (TargetError, Retry) as e:
             if not isinstance(e, TargetError) or e.status != 502:
                 return  # tritonserver died or was restarted meanwhile, and the table with it
@@ -174,6 +178,8 @@ class ModelManager:
                 self.slots.keep_unloading(slot)
                 raise
             return
+        if reply is None:
+            return  # a restart emptied the table meanwhile
         self.metrics.observe("ModelUnloadingTime", time.monotonic() - started)
         if reply.status not in (200, 404):
             log.warning("unloading %s: HTTP %d %s", slot.target, reply.status, reply.message)

@@ -24,7 +24,7 @@ log = logging.getLogger("tritonpack.mme")
 T = TypeVar("T")
 WATCH_INTERVAL_S = 0.5
 DYING_S = 1.0
-LOADS_SENT_S = 10.0  # a request to a stopped server fails at once; this only bounds the wait
+REQUESTS_END_S = 10.0  # a request to a stopped server fails at once; this only bounds the wait
 
 
 class RetryReason(Enum):
@@ -136,8 +136,9 @@ class Recovery:
         log.warning("restarting tritonserver: %s", why)
         try:
             self.container.stop(timeout_s=3.0)  # a dead stub's model never unloads: no exit grace
-            if not self.manager.slots.wait_loads_sent(LOADS_SENT_S):
-                log.warning("load requests to the stopped tritonserver still in flight after %g s", LOADS_SENT_S)
+            if not self.manager.slots.wait_for_requests(REQUESTS_END_S):
+                log.warning("loads or unloads sent to the stopped tritonserver still in flight after %g s",
+                            REQUESTS_END_S)
             self.container.start()
         except Exception as e:  # noqa: BLE001 - reported to the caller as the reason
             raise TargetError(503, f"{why}; restarting tritonserver failed: {e}", retry_after=5) from e

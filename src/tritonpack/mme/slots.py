@@ -45,7 +45,7 @@ class SlotTable:
             raise ValueError("max_models must be at least 1")
         self.max_models, self.metrics = max_models, metrics
         self._slots: OrderedDict[str, Slot] = OrderedDict()  # least recently used first
-        self._loads_in_flight = 0  # load requests being sent to tritonserver (`send_load`)
+        self._requests_in_flight = 0  # loads and unloads being sent to tritonserver (`send`)
         self._cond = threading.Condition()
 
     def use_loaded(self, target: str) -> Slot | None:
@@ -116,27 +116,27 @@ class SlotTable:
             self._changed()
             return set(self._slots)
 
-    def send_load(self, slot: Slot, send: Callable[[], Reply]) -> Reply | None:
-        """`send()`, the load request for `slot`, if `slot` is still in the table; None when a restart emptied the
-        table meanwhile. A restart waits for the loads in flight (`wait_loads_sent`) before it starts the next
-        server: a load counted in one server's table never reaches the next one."""
+    def send(self, slot: Slot, request: Callable[[], Reply]) -> Reply | None:
+        """`request()`, a load or unload of `slot`'s target, if `slot` is still in the table; None when a restart
+        emptied the table meanwhile. A restart waits for the requests in flight (`wait_for_requests`) before it starts
+        the next server: what one server's table counts never changes what the next one holds."""
         with self._cond:
             if self._slots.get(slot.target) is not slot:
                 return None
-            self._loads_in_flight += 1
+            self._requests_in_flight += 1
         try:
-            return send()
+            return request()
         finally:
             with self._cond:
-                self._loads_in_flight -= 1
+                self._requests_in_flight -= 1
                 self._cond.notify_all()
 
-    def wait_loads_sent(self, timeout_s: float) -> bool:
-        """Wait until no load request is in flight (the server they went to is stopped: they fail at once); False
+    def wait_for_requests(self, timeout_s: float) -> bool:
+        """Wait until no load or unload is in flight (the server they went to is stopped: they fail at once); False
         if some still are after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._loads_in_flight:
+            while self._requests_in_flight:
                 if time.monotonic() >= deadline:
                     return False
                 self._cond.wait(timeout=deadline - time.monotonic())
