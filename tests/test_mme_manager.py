@@ -169,17 +169,41 @@ def outcome(manager: ModelManager, triton: FakeTriton, target: str) -> tuple[str
         return target, e.status, e.message
 
 
+def preempt(manager: ModelManager, seed: int) -> None:
+    """Pause a random 0-2 ms before each of `manager`'s slot-table steps and Triton requests, where a thread can lose
+    the CPU between them: two past bugs needed such a loss (a failed load's restore racing another call's hand-over;
+    a load sent after a restart had emptied the table), which the fake's own pauses seldom produce."""
+    rng, lock = random.Random(seed), threading.Lock()
+
+    def after_pause(step):
+        def paused(*args, **kwargs):
+            with lock:
+                delay = rng.random() * 0.002
+            time.sleep(delay)
+            return step(*args, **kwargs)
+        return paused
+
+    for name in ("claim", "hand_over", "reserve", "loaded", "send", "start_unloading", "release", "drop", "drop_all"):
+        setattr(manager.slots, name, after_pause(getattr(manager.slots, name)))
+    for name in ("_load", "_unload", "_restore"):
+        setattr(manager, name, after_pause(getattr(manager, name)))
+
+
 calls = st.lists(st.sampled_from(GOOD + (STUB_KILLER, LOAD_REFUSED, BAD_TARBALL)), min_size=1, max_size=24)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=2 * EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(max_models=st.integers(1, 3), threads=st.integers(1, 8), calls=calls, seed=st.integers(0, 2**32),
-       deaths=st.lists(st.integers(0, 23), max_size=2, unique=True))
-def test_model_manager_keeps_loaded_within_max_models_when_calls_interleave(max_models, threads, calls, seed, deaths):
+       deaths=st.lists(st.integers(0, 23), max_size=2, unique=True), preempted=st.booleans())
+def test_model_manager_keeps_loaded_within_max_models_when_calls_interleave(max_models, threads, calls, seed, deaths,
+                                                                             preempted):
     for position in sorted(deaths, reverse=True):
         calls.insert(min(position, len(calls)), SERVER_DEATH)
     triton = FakeTriton(max_models, seed)
-    manager = manager_for(triton, max_models).start()
+    manager = manager_for(triton, max_models)
+    if preempted:
+        preempt(manager, seed)
+    manager.start()
     try:
         with ThreadPoolExecutor(threads) as pool:
             results = list(pool.map(lambda target: outcome(manager, triton, target), calls))
