@@ -129,6 +129,10 @@ class FakeTriton:
         self.running = False
 
 
+def prepared(target: str) -> Prepared:
+    return Prepared(target, "v1", Path("/models") / target)
+
+
 class FakeCache:
     max_bytes = 1 << 30
 
@@ -147,7 +151,7 @@ class FakeStore:
             raise TargetError(400, f"{target} is not deployable")
         if target in self.refused:
             raise self.refused[target]
-        return Prepared(target, "v1", Path("/models") / target)
+        return prepared(target)
 
     def refuse(self, prepared: Prepared, error: TargetError) -> None:
         self.refused[prepared.target] = error
@@ -264,10 +268,6 @@ def table_with(max_models: int, *targets: str) -> SlotTable:
     for target in targets:
         table.loaded(table.reserve(prepared(target)), use=False)
     return table
-
-
-def prepared(target: str) -> Prepared:
-    return Prepared(target, "v1", Path("/models") / target)
 
 
 def test_slot_table_restores_no_target_that_another_call_is_making_room_for():

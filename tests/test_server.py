@@ -36,7 +36,9 @@ def test_server_leaves_no_process_when_stopped_after_serving(build_ensemble):
 def test_server_keeps_a_log_path_it_was_given_when_stopped(tmp_path):
     log, repository = tmp_path / "logs" / "tritonserver.log", tmp_path / "empty"
     repository.mkdir()
-    TritonServer(repository, log_path=log).start().stop()
+    server = TritonServer(repository, log_path=log).start()
+    server.stop()
+    assert server.process.returncode == 0
     assert "Started HTTPService" in log.read_text()
 
 

@@ -129,7 +129,8 @@ class SlotTable:
         finally:
             with self._cond:
                 self._requests_in_flight -= 1
-                self._cond.notify_all()
+                if not self._requests_in_flight:
+                    self._cond.notify_all()
 
     def wait_for_requests(self, timeout_s: float) -> bool:
         """Wait until no load or unload is in flight (the server they went to is stopped: they fail at once); False
