@@ -80,7 +80,7 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_tarball(tiny_model, tmp_path_factory) -> Path:
-    """The `bert` recipe's portable tarball for the tiny model (its own dist: names equal the real bert's)."""
+    """The `bert` recipe's portable tarball for the tiny model (its own dist; other weights, so other step names)."""
     from tritonpack.builder import BuildRequest, build
 
     dist = tmp_path_factory.mktemp("tiny-dist")

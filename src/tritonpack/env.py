@@ -89,8 +89,10 @@ def attach_environment(folders: Iterable[ModelFolder], cache: ArtifactCache, pyt
 
 
 def manifest_fields(folders: Iterable[ModelFolder], plan: EnvPlan | None) -> dict:
-    """What the manifest says about Python: the environment, the Python it is for, and the containers that run it;
-    without a plan (a local-only repository), what the server's Python would have to provide."""
+    """What the manifest says about Python: the python models, the environment, the Python it is for, and the
+    containers that run it; without a plan (a local-only repository), what the server's Python would have to
+    provide."""
+    folders = list(folders)
     unprovided = {}
     if plan is None:
         for folder in folders:
@@ -109,7 +111,8 @@ def manifest_fields(folders: Iterable[ModelFolder], plan: EnvPlan | None) -> dic
     else:
         containers = [f"{first}-{last}" if last != "99.99" else f"{first}+" for first, last, _ in CONTAINER_PYTHON
                       if version_key(first) >= (20, 12)]
-    return {"python_version": python, "environment": environment, "environment_users": users,
+    return {"python_models": sorted(f.spec.name for f in folders if f.spec.backend == "python"),
+            "python_version": python, "environment": environment, "environment_users": users,
             "server_python_needs": unprovided, "supported_containers": containers}
 
 

@@ -10,11 +10,13 @@ import shutil
 import tarfile
 import tempfile
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from tritonpack.components import ModelFolder
 
 MANIFEST = "manifest.json"
+STEP_DIGEST_HEX = 12  # of the build's SHA-256, in the MME tarball's step names
 FIXED_MTIME = 0  # tar entries and the gzip header carry no build time, so equal inputs give equal bytes
 
 
@@ -52,6 +54,33 @@ def write_repository(folders: Iterable[ModelFolder], out_dir: Path, manifest: Ma
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out_dir
+
+
+def distinct_step_names(folders: Iterable[ModelFolder]) -> list[ModelFolder]:
+    """The folders with each ensemble step renamed `<name>_<digest>`, the digest taken from every folder's config
+    and files; the ensembles keep their names (an MME maps the target name onto the ensemble).
+
+    Why, for MME tarballs: each loaded target is its own repository (Triton's model namespacing), but a load polls
+    its steps by name in every repository, and Triton loads a step of an earlier target found that way once more:
+    with shared step names, loading a target reloaded the steps of the target loaded before it (new stubs, its
+    encoder compiled again; docs/performance.md, sixteenth round). Builds of different models get different names;
+    equal builds keep equal names (the tarball stays reproducible)."""
+    folders = list(folders)
+    digest = hashlib.sha256()
+    for folder in sorted(folders, key=lambda f: f.spec.name):
+        digest.update(folder.spec.render().encode())
+        for relative, source in sorted(folder.files.items()):
+            digest.update(f"{relative}\0{sha256_file(Path(source))}\0".encode())
+    suffix = digest.hexdigest()[:STEP_DIGEST_HEX]
+    steps = {f.spec.name: f"{f.spec.name}_{suffix}" for f in folders if f.spec.platform != "ensemble"}
+
+    def renamed(spec):
+        if spec.platform == "ensemble":
+            return replace(spec, ensemble_steps=[replace(step, model_name=steps.get(step.model_name, step.model_name))
+                                                 for step in spec.ensemble_steps])
+        return replace(spec, name=steps[spec.name])
+
+    return [ModelFolder(renamed(f.spec), f.files) for f in folders]
 
 
 def _place(source: Path, destination: Path, link: bool) -> None:
