@@ -86,9 +86,10 @@ def available_mb() -> float:
 
 def loaded_ladder(bench, mme, targets: list[str], texts: list[str]) -> dict:
     """Load the targets in steps (1, 4, 8 …; the first is loaded already), serve traffic, let the group settle,
-    measure. `stub_processes_started` counts every stub pid seen: Triton 2.51 reloads the models already loaded
-    when another is loaded (3 stubs per bert copy when nothing is reloaded), so loading the k-th copy briefly holds
-    about 2k-1 copies' memory; the ladder stops where the machine has less than that free."""
+    measure. `stub_processes_started` counts every stub pid seen: copies of one tarball share step names, so
+    loading one reloads the steps of the copy loaded before it (2 stubs per copy, 2 more for that reload), and
+    memory briefly holds one copy more than is loaded; the ladder stops before copy k where the machine has less
+    than k copies' memory free (a wide margin)."""
     s, server = bench.settings, mme.triton.server
     steps, first_answer_s, loaded, stopped = {}, {targets[0]: None}, 1, None
     for n in s.loaded_copies:

@@ -196,9 +196,9 @@ def test_default_tarball_serves_through_the_local_mme_from_its_environment_alone
 @pytest.mark.server
 def test_local_mme_leaves_a_loaded_targets_stubs_running_when_another_build_loads(
         default_builds, no_env_build, tmp_path_factory, local_mme):  # noqa: F811
-    """Two builds of bert (with and without its environment) name their steps apart: loading the second leaves
-    the first's python stubs as they were. With shared step names Triton reloaded them (new stubs, the encoder
-    compiled again: docs/performance.md, sixteenth round)."""
+    """Two builds of bert (the default, and one without its environment and with another serving setting) name
+    their steps apart: loading the second leaves the first's python stubs as they were. With shared step names
+    Triton reloaded them (new stubs, the encoder compiled again: docs/performance.md, sixteenth round)."""
     import numpy as np
 
     from tritonpack.payloads import embed_texts
