@@ -61,9 +61,10 @@ def distinct_step_names(folders: Iterable[ModelFolder]) -> list[ModelFolder]:
     and files; the ensembles keep their names (an MME maps the target name onto the ensemble).
 
     Why, for MME tarballs: each loaded target is its own repository (Triton's model namespacing), but a load polls
-    its steps by name in every repository, and Triton loads a step of an earlier target found that way once more:
-    with shared step names, loading a target reloaded the steps of the target loaded before it (new stubs, its
-    encoder compiled again; docs/performance.md, sixteenth round). Builds of different models get different names;
+    its steps by name in every repository, and a step of an earlier target found that way is loaded again when its
+    folder changed since its own load (its stub wrote the model's bytecode there): with shared step names, loading
+    a target reloaded the steps of the target loaded before it (new stubs, its encoder compiled again;
+    docs/performance.md, sixteenth round). Builds of different models get different names;
     equal builds keep equal names (the tarball stays reproducible)."""
     folders = list(folders)
     digest = hashlib.sha256()
