@@ -86,10 +86,10 @@ def available_mb() -> float:
 
 def loaded_ladder(bench, mme, targets: list[str], texts: list[str]) -> dict:
     """Load the targets in steps (1, 4, 8 …; the first is loaded already), serve traffic, let the group settle,
-    measure. `stub_processes_started` counts every stub pid seen: copies of one tarball share step names, so
-    loading one reloads the steps of the copy loaded before it (2 stubs per copy, 2 more for that reload), and
-    memory briefly holds one copy more than is loaded; the ladder stops before copy k where the machine has less
-    than k copies' memory free (a wide margin)."""
+    measure. `stub_processes_started` counts every stub pid seen: 2 per copy, and 2 more for each copy Triton
+    reloads while loading the next (copies share step names; a copy whose stubs wrote bytecode into its folders is
+    reloaded once, docs/performance.md, sixteenth round), when memory briefly holds one copy more; the ladder
+    stops before copy k where the machine has less than k copies' memory free (a wide margin)."""
     s, server = bench.settings, mme.triton.server
     steps, first_answer_s, loaded, stopped = {}, {targets[0]: None}, 1, None
     for n in s.loaded_copies:

@@ -145,9 +145,8 @@ def _memory_table(mme: dict, title: str) -> list[str]:
     loads = ", ".join(fmt(s) for s in memory["first_answer_s_by_target"].values() if s is not None)
     lines = [f"## Memory and cold start through the local MME: {title}", ""]
     lines += _table(["loaded copies", "PSS summed (MB)", "RSS summed (MB)", "processes", "stubs seen"], rows)
-    lines += ["", "Stubs seen: python stub processes seen since the server started (2 per copy when nothing is "
-                  "reloaded; copies of one tarball share step names, so loading one reloads the steps of the copy "
-                  "loaded before it: 4 per copy after the first)."]
+    lines += ["", "Stubs seen: python stub processes seen since the server started (2 per copy; 2 more for each "
+                  "copy Triton reloaded: docs/performance.md, sixteenth round)."]
     cold = ", ".join(f"{r['first_answer_s']:.2f}" for r in mme["cold_start"]["runs"])
     stock = ", ".join(f"{r['first_answer_s']:.2f}" for r in mme["cold_start"]["stock_endpoint"]["runs"])
     lines += ["", f"First model {memory['first_model_pss_mb']:.0f} MB beyond the server alone; each additional "

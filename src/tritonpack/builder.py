@@ -17,7 +17,7 @@ from tritonpack.cache import ArtifactCache
 from tritonpack.components import TARGETS
 from tritonpack.containers import DEFAULT_CONTAINER, container_python
 from tritonpack.contracts import IoNames
-from tritonpack.env import attach_environment, manifest_fields
+from tritonpack.env import attach_environment, manifest_fields, with_bytecode
 from tritonpack.errors import SpecError, ToolUnavailable
 from tritonpack.repository import distinct_step_names, write_repository, write_tarball
 from tritonpack.server import PYTHON_VERSION
@@ -111,7 +111,8 @@ def build(request: BuildRequest) -> BuildResult:
         "built_with_python": PYTHON_VERSION,  # minor only: the tarball bytes must not depend on the patch level
     }
     # The local repository runs in this interpreter's environment (the bundled Triton's stub); the tarball carries
-    # what the target container's Python lacks, and step names of its own (`distinct_step_names`).
+    # what the target container's Python lacks, step names of its own (`distinct_step_names`) and its models' bytecode
+    # (`with_bytecode`).
     repository = write_repository(folders, dist / request.slug, {**manifest, **manifest_fields(folders, None),
                                                                  "local_only": True})
     folders = distinct_step_names(folders)
@@ -119,7 +120,8 @@ def build(request: BuildRequest) -> BuildResult:
     plan = attach_environment(folders, cache, python=python) if request.env else None
     tarball = dist / f"{request.slug}.tar.gz"
     with tempfile.TemporaryDirectory(prefix=f".{request.slug}-", dir=dist) as staging:
-        packed = write_repository(plan.folders if plan else folders, Path(staging) / request.slug,
+        packed_folders = with_bytecode(plan.folders if plan else folders, python, Path(staging) / "bytecode")
+        packed = write_repository(packed_folders, Path(staging) / request.slug,
                                   {**manifest, **manifest_fields(folders, plan)}, plan.top_files if plan else None,
                                   link=True)
         write_tarball(packed, tarball)

@@ -65,7 +65,7 @@ def distinct_step_names(folders: Iterable[ModelFolder]) -> list[ModelFolder]:
     folder changed since its own load (its stub wrote the model's bytecode there): with shared step names, loading
     a target reloaded the steps of the target loaded before it (new stubs, its encoder compiled again;
     docs/performance.md, sixteenth round). Builds of different models get different names;
-    equal builds keep equal names (the tarball stays reproducible)."""
+    equal builds keep equal names (the tarball stays reproducible; `env.with_bytecode` covers their copies)."""
     folders = list(folders)
     digest = hashlib.sha256()
     for folder in sorted(folders, key=lambda f: f.spec.name):
