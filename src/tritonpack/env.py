@@ -1,4 +1,5 @@
-"""Which python model needs which packed environment, and attaching them to a build (`EXECUTION_ENV_PATH`).
+"""Which python model needs which packed environment, and attaching them to a build (`EXECUTION_ENV_PATH`); the
+python models' own bytecode for the target Python (`with_bytecode`).
 
 A python model that imports only numpy runs in the Triton container's own Python; any other gets the smallest
 environment from `tritonpack.backends.ENVIRONMENTS` that provides what it imports, packed (`tritonpack.envpack`)
