@@ -17,7 +17,8 @@ from tritonpack.cache import ArtifactCache
 from tritonpack.components import TARGETS
 from tritonpack.containers import DEFAULT_CONTAINER, container_python
 from tritonpack.contracts import IoNames
-from tritonpack.env import attach_environment, manifest_fields, with_bytecode
+from tritonpack.env import attach_environment, manifest_fields
+from tritonpack.envpack import with_bytecode
 from tritonpack.errors import SpecError, ToolUnavailable
 from tritonpack.repository import distinct_step_names, write_repository, write_tarball
 from tritonpack.server import PYTHON_VERSION
@@ -115,7 +116,7 @@ def build(request: BuildRequest) -> BuildResult:
     # (`with_bytecode`).
     repository = write_repository(folders, dist / request.slug, {**manifest, **manifest_fields(folders, None),
                                                                  "local_only": True})
-    folders = distinct_step_names(folders)
+    folders = distinct_step_names(folders, repository)
     python = request.env_python or container_python(request.container)
     plan = attach_environment(folders, cache, python=python) if request.env else None
     tarball = dist / f"{request.slug}.tar.gz"

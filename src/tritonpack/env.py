@@ -1,5 +1,4 @@
-"""Which python model needs which packed environment, and attaching them to a build (`EXECUTION_ENV_PATH`); the
-python models' own bytecode for the target Python (`with_bytecode`).
+"""Which python model needs which packed environment, and attaching them to a build (`EXECUTION_ENV_PATH`).
 
 A python model that imports only numpy runs in the Triton container's own Python; any other gets the smallest
 environment from `tritonpack.backends.ENVIRONMENTS` that provides what it imports, packed (`tritonpack.envpack`)
@@ -10,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -20,8 +18,7 @@ from tritonpack.backends import DALI_MODULE, ENV_PARAMETER, ENVIRONMENTS, MODEL_
 from tritonpack.cache import ArtifactCache
 from tritonpack.components import ModelFolder, module_imports
 from tritonpack.containers import CONTAINER_PYTHON, container_python, containers_for, version_key
-from tritonpack.envpack import cached_env, known_envs, local_python, packer
-from tritonpack.errors import EnvError
+from tritonpack.envpack import cached_env, known_envs, packer
 from tritonpack.server import PYTHON_VERSION
 
 # Environment → the top-level modules it provides (numpy is in every env and in every Triton container).
@@ -89,44 +86,6 @@ def attach_environment(folders: Iterable[ModelFolder], cache: ArtifactCache, pyt
     out = [ModelFolder(replace(f.spec, parameters={**dict(f.spec.parameters), ENV_PARAMETER: value}), f.files)
            if f.spec.name in users else f for f in folders]
     return EnvPlan(out, {packed.filename: packed.path}, packed.info(), users)
-
-
-_COMPILE = """
-import importlib.util, json, py_compile, sys
-pycs = {}
-for source, relative, into in json.load(sys.stdin):
-    pyc = importlib.util.cache_from_source(relative)
-    py_compile.compile(source, cfile=f"{into}/{pyc}", dfile=relative, doraise=True,
-                       invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
-    pycs[relative] = pyc
-print(json.dumps(pycs))
-"""
-
-
-def with_bytecode(folders: Iterable[ModelFolder], python: str, into: Path) -> list[ModelFolder]:
-    """The python models with their own modules' bytecode beside them (`1/__pycache__/*.pyc`, compiled into `into`
-    by a local Python `python`, the target container's; hash-checked, so the bytes do not depend on times).
-
-    The stub would otherwise write it into the version folder at load, and a later load that polls the step's name
-    (copies of one tarball on an MME) finds the folder changed and reloads the step (docs/performance.md,
-    sixteenth round). Without a local interpreter of that Python the folders come back as they are: a stub of
-    another Python writes its own bytecode all the same."""
-    folders = list(folders)
-    try:
-        interpreter = local_python(python)
-    except EnvError:
-        return folders
-    jobs = [(str(source), relative, str(into / folder.spec.name)) for folder in folders
-            if folder.spec.backend == "python" for relative, source in sorted(folder.files.items())
-            if relative.endswith(".py")]
-    result = subprocess.run([interpreter, "-I", "-c", _COMPILE], input=json.dumps(jobs), capture_output=True,
-                            text=True)
-    if result.returncode != 0:
-        raise EnvError(f"compiling the models' Python with Python {python} failed: {result.stderr[-2000:]}")
-    pycs = json.loads(result.stdout)
-    return [ModelFolder(folder.spec, {**folder.files, **{pycs[relative]: into / folder.spec.name / pycs[relative]
-                                                         for relative in folder.files if relative in pycs}})
-            if folder.spec.backend == "python" else folder for folder in folders]
 
 
 def manifest_fields(folders: Iterable[ModelFolder], plan: EnvPlan | None) -> dict:

@@ -32,6 +32,7 @@ from tritonpack import CARD_ROOT, library_sharing
 from tritonpack.archive import normalise_name
 from tritonpack.backends import ENVIRONMENTS
 from tritonpack.cache import ArtifactCache, producer
+from tritonpack.components import ModelFolder
 from tritonpack.errors import EnvError
 from tritonpack.repository import FIXED_MTIME, sha256_file
 from tritonpack.server import PYTHON_VERSION
@@ -277,6 +278,33 @@ def compile_bytecode(prefix: Path, python: str) -> None:
           "-s", str(prefix), str(site)])
     for source in site.rglob("*.py"):
         source.unlink()
+
+
+_COMPILE_MODULES = ("import json, py_compile, sys\n"
+                    "for source, cfile, dfile in json.loads(sys.argv[1]):\n"
+                    "    py_compile.compile(source, cfile=cfile, dfile=dfile, doraise=True,\n"
+                    "                       invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)")
+
+
+def with_bytecode(folders: list[ModelFolder], python: str, into: Path) -> list[ModelFolder]:
+    """The folders with each python model's own modules compiled beside them (`1/__pycache__/*.pyc`, written under
+    `into`) by a local interpreter of Python `python`, the target container's; hash-checked, so the bytes do not
+    depend on times. The stub would otherwise write them into the version folder at load, and a later load that
+    polls the step's name (copies of one tarball on an MME) finds the folder changed and reloads the step
+    (docs/performance.md, sixteenth round). Without such an interpreter the folders come back as they are."""
+    try:
+        interpreter = local_python(python)
+    except EnvError:
+        return folders
+    tag = f"cpython-{python.replace('.', '')}"
+    out, jobs = [], []
+    for folder in folders:
+        modules = [r for r in sorted(folder.files) if r.endswith(".py")] if folder.spec.backend == "python" else []
+        pycs = {f"{Path(r).parent}/__pycache__/{Path(r).stem}.{tag}.pyc": r for r in modules}
+        jobs += [(str(folder.files[r]), str(into / folder.spec.name / pyc), r) for pyc, r in pycs.items()]
+        out.append(ModelFolder(folder.spec, {**folder.files, **{pyc: into / folder.spec.name / pyc for pyc in pycs}}))
+    _run([interpreter, "-I", "-c", _COMPILE_MODULES, json.dumps(jobs)])
+    return out
 
 
 def strip_env(prefix: Path, extra: re.Pattern | None = None) -> None:

@@ -56,23 +56,19 @@ def write_repository(folders: Iterable[ModelFolder], out_dir: Path, manifest: Ma
     return out_dir
 
 
-def distinct_step_names(folders: Iterable[ModelFolder]) -> list[ModelFolder]:
-    """The folders with each ensemble step renamed `<name>_<digest>`, the digest taken from every folder's config
-    and files; the ensembles keep their names (an MME maps the target name onto the ensemble).
+def distinct_step_names(folders: Iterable[ModelFolder], repository: Path) -> list[ModelFolder]:
+    """The folders with each ensemble step renamed `<name>_<digest>`, the digest taken from the file hashes of
+    `repository` (these folders written with a manifest: every config and file); the ensembles keep their names (an
+    MME maps the target name onto the ensemble).
 
     Why, for MME tarballs: each loaded target is its own repository (Triton's model namespacing), but a load polls
     its steps by name in every repository, and a step of an earlier target found that way is loaded again when its
     folder changed since its own load (its stub wrote the model's bytecode there): with shared step names, loading
     a target reloaded the steps of the target loaded before it (new stubs, its encoder compiled again;
-    docs/performance.md, sixteenth round). Builds of different models get different names;
-    equal builds keep equal names (the tarball stays reproducible; `env.with_bytecode` covers their copies)."""
-    folders = list(folders)
-    digest = hashlib.sha256()
-    for folder in sorted(folders, key=lambda f: f.spec.name):
-        digest.update(folder.spec.render().encode())
-        for relative, source in sorted(folder.files.items()):
-            digest.update(f"{relative}\0{sha256_file(Path(source))}\0".encode())
-    suffix = digest.hexdigest()[:STEP_DIGEST_HEX]
+    docs/performance.md, sixteenth round). Builds of different models get different names; equal builds keep equal
+    names (the tarball stays reproducible; `envpack.with_bytecode` covers their copies)."""
+    hashes = json.loads((Path(repository) / MANIFEST).read_text())["sha256"]
+    suffix = hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()[:STEP_DIGEST_HEX]
     steps = {f.spec.name: f"{f.spec.name}_{suffix}" for f in folders if f.spec.platform != "ensemble"}
 
     def renamed(spec):
