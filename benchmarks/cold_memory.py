@@ -4,9 +4,11 @@ gateway → Triton's SageMaker front-end), as SageMaker's MME would load the ber
 - Cold start: a fresh endpoint (tritonserver already up, empty disk cache) → the first invocation of the tarball
   answered: extraction, `POST /models`, the python stubs starting, the first request.
 - Memory: copies of the tarball under different names in one models folder; 1, 4 and 8 of them loaded (each invoked
-  once, then a few hundred requests spread over the loaded copies), then the PSS of tritonserver and all its stubs
-  summed: each page the group maps is counted once, however many of its processes share it (the python backend's
-  /dev/shm regions are mapped by tritonserver and by a stub; libraries by every stub). Library pages also mapped by
+  once, then a few hundred requests spread over the loaded copies, then every word of the vocabulary once to each
+  copy loaded in that step, as an endpoint's varied traffic reads its embedding table over time), then the PSS of
+  tritonserver and all its stubs summed (also taken before the vocabulary): each page the group maps is counted
+  once, however many of its processes share it (the python backend's /dev/shm regions are mapped by tritonserver
+  and by a stub; libraries by every stub). Library pages also mapped by
   processes outside the group (another Python using the same .venv) are charged partly to those, so the sum is a
   little lower on a busy machine than in a container of its own. The gateway runs in the bench process and is not
   counted, as SageMaker's platform is not in the container.
@@ -84,12 +86,18 @@ def available_mb() -> float:
     return proc.available_kb() / MB
 
 
-def loaded_ladder(bench, mme, targets: list[str], texts: list[str]) -> dict:
-    """Load the targets in steps (1, 4, 8 …; the first is loaded already), serve traffic, let the group settle,
-    measure. `stub_processes_started` counts every stub pid seen: 2 per copy, and 2 more for each copy Triton
-    reloads while loading the next (copies share step names; a copy whose stubs wrote bytecode into its folders is
-    reloaded once, docs/performance.md, sixteenth round), when memory briefly holds one copy more; the ladder
-    stops before copy k where the machine has less than k copies' memory free (a wide margin)."""
+def serve(url: str, work: list[tuple[str, str]]) -> None:
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda item: invoke(url, *item), work))
+
+
+def loaded_ladder(bench, mme, targets: list[str], texts: list[str], vocabulary: list[str]) -> dict:
+    """Load the targets in steps (1, 4, 8 …; the first is loaded already), serve the corpus, let the group settle,
+    measure; then the vocabulary to each copy loaded in that step, settle, measure again (the step's figure).
+    `stub_processes_started` counts every stub pid seen: 2 per copy, and 2 more for each copy Triton reloads while
+    loading the next (copies share step names; a copy whose stubs wrote bytecode into its folders is reloaded once,
+    docs/performance.md, sixteenth round), when memory briefly holds one copy more; the ladder stops before copy k
+    where the machine has less than k copies' memory free (a wide margin)."""
     s, server = bench.settings, mme.triton.server
     steps, first_answer_s, loaded, stopped = {}, {targets[0]: None}, 1, None
     for n in s.loaded_copies:
@@ -103,25 +111,35 @@ def loaded_ladder(bench, mme, targets: list[str], texts: list[str]) -> dict:
             server.stub_models()  # remember the stub pids, before a reload replaces them
         if stopped:
             break
-        loaded = n
-        work = [(targets[i % n], texts[i % len(texts)]) for i in range(s.requests_per_step)]
-        with ThreadPoolExecutor(4) as pool:
-            list(pool.map(lambda item: invoke(mme.url, *item), work))
+        serve(mme.url, [(targets[i % n], texts[i % len(texts)]) for i in range(s.requests_per_step)])
         settle(server)
-        steps[str(n)] = group_memory(server) | {"stub_processes_started": len(server.stub_models())}
-        bench.log(f"    {n} loaded: PSS {steps[str(n)]['pss_mb']:.0f} MB (RSS summed {steps[str(n)]['rss_mb']:.0f} MB)")
-    return {"steps": steps, "first_answer_s_by_target": first_answer_s, "stopped": stopped}
+        corpus_only = group_memory(server)["pss_mb"]
+        serve(mme.url, [(target, text) for target in targets[0 if not steps else loaded:n] for text in vocabulary])
+        settle(server)
+        loaded = n
+        steps[str(n)] = group_memory(server) | {"before_vocabulary_pss_mb": corpus_only,
+                                                "stub_processes_started": len(server.stub_models())}
+        bench.log(f"    {n} loaded: PSS {steps[str(n)]['pss_mb']:.0f} MB ({corpus_only:.0f} before the vocabulary; "
+                  f"RSS summed {steps[str(n)]['rss_mb']:.0f} MB)")
+    return {"steps": steps, "first_answer_s_by_target": first_answer_s, "stopped": stopped,
+            "requests_per_step": s.requests_per_step, "vocabulary_words": sum(len(t.split()) for t in vocabulary)}
 
 
 def summarize_memory(server_only: dict, ladder: dict) -> dict:
     steps = ladder["steps"]
     counts = sorted(int(n) for n in steps)
-    one, most = steps[str(counts[0])]["pss_mb"], steps[str(counts[-1])]["pss_mb"]
-    per_additional = (most - one) / (counts[-1] - counts[0]) if counts[-1] > counts[0] else None
+
+    def per_additional(key: str) -> float | None:
+        added = steps[str(counts[-1])][key] - steps[str(counts[0])][key]
+        return added / (counts[-1] - counts[0]) if counts[-1] > counts[0] else None
+
+    one = steps[str(counts[0])]["pss_mb"]
     return {"server_only": server_only, **ladder,
             "one_model_total_pss_mb": one, "first_model_pss_mb": one - server_only["pss_mb"],
-            "per_additional_model_pss_mb": per_additional,
-            "models_per_gb": 1024 / per_additional if per_additional else None,
+            "one_model_before_vocabulary_pss_mb": steps[str(counts[0])]["before_vocabulary_pss_mb"],
+            "per_additional_before_vocabulary_pss_mb": per_additional("before_vocabulary_pss_mb"),
+            "per_additional_model_pss_mb": per_additional("pss_mb"),
+            "models_per_gb": 1024 / per_additional("pss_mb") if per_additional("pss_mb") else None,
             "target_one_model_mb": goals.ONE_MODEL_PSS_MB, "met": one <= goals.ONE_MODEL_PSS_MB}
 
 
@@ -152,7 +170,8 @@ def measure(bench, tarball: Path) -> dict:
                     bench.log(f"    cold start {rep + 1}, {name} environment: tarball → first answer {first:.2f}s "
                               f"(server start {server_start:.1f}s, warm {1000 * warm:.0f} ms)")
                     if memory is None:
-                        memory = summarize_memory(server_only, loaded_ladder(bench, mme, targets, texts))
+                        memory = summarize_memory(server_only, loaded_ladder(bench, mme, targets, texts,
+                                                                             corpus.vocabulary_texts()))
     shutil.rmtree(folder, ignore_errors=True)
     first = statistics.median(r["first_answer_s"] for r in cold["tritonpack"])
     return {
