@@ -129,17 +129,13 @@ def summarize_memory(server_only: dict, ladder: dict) -> dict:
     steps = ladder["steps"]
     counts = sorted(int(n) for n in steps)
 
-    def per_additional(key: str) -> float | None:
-        added = steps[str(counts[-1])][key] - steps[str(counts[0])][key]
-        return added / (counts[-1] - counts[0]) if counts[-1] > counts[0] else None
-
-    one = steps[str(counts[0])]["pss_mb"]
+    one, most = steps[str(counts[0])]["pss_mb"], steps[str(counts[-1])]["pss_mb"]
+    per_additional = (most - one) / (counts[-1] - counts[0]) if counts[-1] > counts[0] else None
     return {"server_only": server_only, **ladder,
             "one_model_total_pss_mb": one, "first_model_pss_mb": one - server_only["pss_mb"],
             "one_model_before_vocabulary_pss_mb": steps[str(counts[0])]["before_vocabulary_pss_mb"],
-            "per_additional_before_vocabulary_pss_mb": per_additional("before_vocabulary_pss_mb"),
-            "per_additional_model_pss_mb": per_additional("pss_mb"),
-            "models_per_gb": 1024 / per_additional("pss_mb") if per_additional("pss_mb") else None,
+            "per_additional_model_pss_mb": per_additional,
+            "models_per_gb": 1024 / per_additional if per_additional else None,
             "target_one_model_mb": goals.ONE_MODEL_PSS_MB, "met": one <= goals.ONE_MODEL_PSS_MB}
 
 

@@ -148,19 +148,19 @@ def _memory_table(mme: dict, title: str) -> list[str]:
               str(m["processes"]), str(m["stub_processes_started"])] for n, m in memory["steps"].items()]
     loads = ", ".join(fmt(s) for s in memory["first_answer_s_by_target"].values() if s is not None)
     lines = [f"## Memory and cold start through the local MME: {title}", ""]
-    lines += _table(["loaded copies", "PSS after the corpus (MB)", "PSS summed (MB)", "RSS summed (MB)", "processes",
-                     "stubs seen"], rows)
-    lines += ["", f"PSS after the corpus: after {memory['requests_per_step']} corpus requests; PSS and RSS summed: "
-                  f"then every whole word of the vocabulary ({memory['vocabulary_words']}) once to each copy loaded in "
-                  "that step, as varied traffic reads the embedding table over time. Stubs seen: python stub "
+    lines += _table(["loaded copies", "PSS before the step's vocabulary (MB)", "PSS summed (MB)", "RSS summed (MB)",
+                     "processes", "stubs seen"], rows)
+    lines += ["", f"Each step: {memory['requests_per_step']} corpus requests over the loaded copies (PSS before the "
+                  f"step's vocabulary), then every whole word of the vocabulary ({memory['vocabulary_words']}) once to "
+                  "each copy loaded in that step, as varied traffic reads the embedding table over time (PSS and RSS "
+                  "summed). Stubs seen: python stub "
                   "processes seen since the server started (2 per copy; 2 more for each copy Triton reloaded: "
                   "docs/performance.md, sixteenth round)."]
     cold = ", ".join(f"{r['first_answer_s']:.2f}" for r in mme["cold_start"]["runs"])
     stock = ", ".join(f"{r['first_answer_s']:.2f}" for r in mme["cold_start"]["stock_endpoint"]["runs"])
     lines += ["", f"First model {memory['first_model_pss_mb']:.0f} MB beyond the server alone; each additional "
                   f"{fmt(memory['per_additional_model_pss_mb'], 0)} MB → {fmt(memory['models_per_gb'], 1)} models "
-                  f"per GB (after the corpus only: {fmt(memory['per_additional_before_vocabulary_pss_mb'], 0)} MB). "
-                  f"Cold starts (s) with the container environment `tritonpack deploy` sets: {cold}; "
+                  f"per GB. Cold starts (s) with the container environment `tritonpack deploy` sets: {cold}; "
                   f"alternating with them, a stock endpoint's (auto-complete on): {stock}; first answers of the "
                   f"copies loaded next (s): {loads or '–'}."]
     if memory.get("stopped"):
