@@ -8,10 +8,10 @@ gateway → Triton's SageMaker front-end), as SageMaker's MME would load the ber
   copy loaded in that step, as an endpoint's varied traffic reads its embedding table over time), then the PSS of
   tritonserver and all its stubs summed (also taken before the vocabulary): each page the group maps is counted
   once, however many of its processes share it (the python backend's /dev/shm regions are mapped by tritonserver
-  and by a stub; libraries by every stub). Library pages also mapped by
-  processes outside the group (another Python using the same .venv) are charged partly to those, so the sum is a
-  little lower on a busy machine than in a container of its own. The gateway runs in the bench process and is not
-  counted, as SageMaker's platform is not in the container.
+  and by a stub; libraries by every stub). Library pages also mapped by processes outside the group (another Python
+  using the same .venv) are charged partly to those, so the sum is a little lower on a busy machine than in a
+  container of its own. The gateway runs in the bench process and is not counted, as SageMaker's platform is not in
+  the container.
 """
 
 from __future__ import annotations
@@ -114,7 +114,8 @@ def loaded_ladder(bench, mme, targets: list[str], texts: list[str], vocabulary: 
         serve(mme.url, [(targets[i % n], texts[i % len(texts)]) for i in range(s.requests_per_step)])
         settle(server)
         corpus_only = group_memory(server)["pss_mb"]
-        serve(mme.url, [(target, text) for target in targets[0 if not steps else loaded:n] for text in vocabulary])
+        newly_loaded = targets[loaded:n] if steps else targets[:n]
+        serve(mme.url, [(target, text) for target in newly_loaded for text in vocabulary])
         settle(server)
         loaded = n
         steps[str(n)] = group_memory(server) | {"before_vocabulary_pss_mb": corpus_only,
@@ -128,7 +129,6 @@ def loaded_ladder(bench, mme, targets: list[str], texts: list[str], vocabulary: 
 def summarize_memory(server_only: dict, ladder: dict) -> dict:
     steps = ladder["steps"]
     counts = sorted(int(n) for n in steps)
-
     one, most = steps[str(counts[0])]["pss_mb"], steps[str(counts[-1])]["pss_mb"]
     per_additional = (most - one) / (counts[-1] - counts[0]) if counts[-1] > counts[0] else None
     return {"server_only": server_only, **ladder,
