@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tarfile
 import textwrap
@@ -24,10 +25,18 @@ from tests.conftest import BUILD_CACHE
 from tests.reliability import hostile
 from tritonpack.mme import LocalMME, parse_metrics
 from tritonpack.mme.container import TARGET_HEADER
+from tritonpack.repository import STEP_DIGEST_HEX
 
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
            "AWS_DEFAULT_REGION": "us-east-1"}
 TINY_HIDDEN = 8
+
+
+def plain_step(name: str) -> str:
+    """A step's name in the local repository, from its name in an MME tarball (`<step>_<digest>`)."""
+    return re.sub(rf"_[0-9a-f]{{{STEP_DIGEST_HEX}}}$", "", name)
+
+
 @pytest.fixture(scope="session")
 def aws_env():
     """Fake credentials, so that nothing can reach a real account (every client also gets an endpoint URL)."""

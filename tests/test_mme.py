@@ -264,7 +264,7 @@ def live_stub(server: LocalMME, step: str) -> int:
     for pid, folder in server.triton.server.stub_models().items():
         with contextlib.suppress(OSError):
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            if folder.rsplit("_", 1)[0] == step and state != "Z":
+            if mme_support.plain_step(folder) == step and state != "Z":
                 return pid
     raise AssertionError(f"no live stub for {step}")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BUILD_CACHE
-from tests.mme_support import aws_env, local_mme, models_folder, runtime_for  # noqa: F401
+from tests.mme_support import aws_env, local_mme, models_folder, plain_step, runtime_for  # noqa: F401
 from tritonpack.builder import BuildRequest, build
 from tritonpack.check import check
 from tritonpack.proc import command_line, mapped_files
@@ -45,7 +45,7 @@ def tarball_steps(tarball: Path) -> dict[str, str]:
     """The repository's step name → the tarball's (`<step>_<digest>`)."""
     with tarfile.open(tarball) as tar:
         folders = {m.name for m in tar.getmembers() if m.isdir() and "/" not in m.name}
-    return {re.sub(r"_[0-9a-f]{12}$", "", name): name for name in folders if name != "bert"}
+    return {plain_step(name): name for name in folders if name != "bert"}
 
 
 @pytest.fixture(scope="module")
@@ -157,14 +157,19 @@ def test_check_says_not_deployable_when_a_tarball_has_no_environment_for_what_it
         "not set, but the model imports openvino", "not set, but the model imports tokenizers"]
 
 
+def live_stubs(server) -> dict[int, str]:
+    """pid → model of each python stub running now (stubs seen earlier may have exited since: they map nothing)."""
+    return {pid: model for pid, model in server.stub_models().items() if mapped_files(pid)}
+
+
 def stub_files(server) -> list[tuple[str, dict[str, tuple[str, int]]]]:
-    """(model, the files it maps) of each python stub running now (stubs seen earlier may have exited since)."""
+    """(model, the files it maps) of each python stub running now."""
     return [(model, files) for pid, model in server.stub_models().items() if (files := mapped_files(pid))]
 
 
 def stub_paths(server) -> dict[int, str]:
     """pid → the model.py path of each python stub running now (the path names the target's folder)."""
-    return {pid: command_line(pid)[1].decode() for pid in server.stub_models() if mapped_files(pid)}
+    return {pid: command_line(pid)[1].decode() for pid in live_stubs(server)}
 
 
 def in_environment(files: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
@@ -234,7 +239,7 @@ def test_local_mme_leaves_a_loaded_targets_stubs_running_when_another_build_load
     mme = local_mme(models_folder(tmp_path_factory.mktemp("two-builds"), tarballs))
     server = mme.triton.server
     first = embed_texts(["two builds, one server"], "a.tar.gz", client=runtime_for(mme))
-    loaded = {pid: model for pid, model in server.stub_models().items() if mapped_files(pid)}
+    loaded = live_stubs(server)
     assert sorted(loaded.values()) == sorted(tarball_steps(tarballs["a.tar.gz"]).values())
     second = embed_texts(["two builds, one server"], "b.tar.gz", client=runtime_for(mme))
     np.testing.assert_allclose(second, first, rtol=1e-5, atol=1e-6)
