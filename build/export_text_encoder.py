@@ -122,6 +122,14 @@ def pack(inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[int
     return _runner_module("packing").packed_inputs(rows), lengths
 
 
+def packs(inputs: dict[str, np.ndarray], max_rows: int = 0) -> list[tuple[dict[str, np.ndarray], list[int]]]:
+    """`pack` over consecutive runs of at most `max_rows` rows (all rows in one pack with 0): a pooled export with
+    sentence slots returns that many rows, so it checks the texts a slot-full at a time."""
+    count = len(inputs["attention_mask"])
+    step = max_rows or count
+    return [pack({n: a[i:i + step] for n, a in inputs.items()}) for i in range(0, count, step)]
+
+
 def unpack(packed_output: np.ndarray, lengths: list[int], width: int) -> np.ndarray:
     """[1, tokens, hidden] → [rows, width, hidden], each row's tokens first and zeros after."""
     out = np.zeros((len(lengths), width) + packed_output.shape[2:], dtype=packed_output.dtype)
@@ -162,10 +170,14 @@ def _check(what: str, source: SentenceTransformerSource, diff: float) -> float:
     return diff
 
 
-def _ort_run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
+def _ort_session(path: Path):
     import onnxruntime as ort
 
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def _ort_run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    return _ort_session(path).run(None, feeds)[0]
 
 
 @producer("text-encoder-onnx", libraries=("torch", "transformers", "onnx"))
@@ -241,7 +253,8 @@ def encoder_packed(out_dir: Path, source: SentenceTransformerSource, pooled: boo
         raise ValueError("sentence slots are rows of the pooled output: export them with pooled=True")
     inputs = check_inputs(source)
     expected = _expected(source, inputs)
-    packed, lengths = pack(inputs)
+    groups = packs(inputs, slots)
+    packed = groups[0][0]
     names = ["input_ids", "position_ids", "segment_ids"] + (["token_type_ids"] if "token_type_ids" in packed else [])
     output = contracts.TEXT.output if pooled else "token_embeddings"
     axes = {n: {1: "tokens"} for n in names} | ({output: {1: "tokens"}} if not pooled else
@@ -252,14 +265,18 @@ def encoder_packed(out_dir: Path, source: SentenceTransformerSource, pooled: boo
                           tuple(torch.from_numpy(packed[n]) for n in names), str(out_dir / "model.onnx"),
                           input_names=names, output_names=[output], dynamic_axes=axes, opset_version=OPSET,
                           dynamo=False)
-    got = _ort_run(out_dir / "model.onnx", packed)
-    if pooled:
+    session = _ort_session(out_dir / "model.onnx")
+    outputs = []
+    for feeds, lengths in groups:
+        got = session.run(None, feeds)[0]
         if slots and (got.shape[0] != slots or got[len(lengths):].any()):
             raise RuntimeError(f"packed ONNX of {source.path}: expected {slots} rows, zeros after the sentences")
-        got = got[:len(lengths)]
+        outputs.append(got[:len(lengths)] if pooled else unpack(got, lengths, expected.shape[1]))
+    got = np.concatenate(outputs)
+    if pooled:
         diff = float(np.abs(mean_pooled(expected, inputs["attention_mask"], source.normalize) - got).max())
     else:
-        diff = max_diff_on_real_tokens(expected, unpack(got, lengths, expected.shape[1]), inputs["attention_mask"])
+        diff = max_diff_on_real_tokens(expected, got, inputs["attention_mask"])
     _check(f"packed{' and pooled' if pooled else ''} ONNX", source, diff)
 
 
@@ -326,11 +343,15 @@ def _openvino_cosine(core, model: Path, hint: str, inputs: dict[str, np.ndarray]
     compiled = core.compile_model(runner.read_model(core, str(model), hint), "CPU", {"INFERENCE_PRECISION_HINT": hint})
     mask = inputs["attention_mask"]
     if packed:
-        feeds, lengths = pack(inputs)
-        actual = compiled(feeds)[0]
-        if actual.ndim == 3:  # token embeddings; a pooled export gives [sentences (or slots), hidden]
-            actual = mean_pooled(unpack(actual, lengths, mask.shape[1]), mask, False)
-        actual = actual[:len(lengths)]
+        rows = compiled.output(0).get_partial_shape()  # [slots, hidden] with sentence slots: that many per pack
+        slots = rows[0].get_length() if len(rows) == 2 and rows[0].is_static else 0
+        pieces = []
+        for feeds, lengths in packs(inputs, slots):
+            got = compiled(feeds)[0]  # token embeddings [1, tokens, hidden], or pooled [sentences or slots, hidden]
+            pieces.append(unpack(got, lengths, mask.shape[1]) if got.ndim == 3 else got[:len(lengths)])
+        actual = np.concatenate(pieces)
+        if actual.ndim == 3:
+            actual = mean_pooled(actual, mask, False)
     else:
         actual = mean_pooled(compiled(inputs)[0], mask, False)
     cosine = float(((reference * actual).sum(1) / np.linalg.norm(reference, axis=1)

@@ -11,6 +11,7 @@ import pytest
 from tests.fake_pb_utils import InferenceRequest, Tensor, TritonError
 from tests.reliability.soak import EMBEDDING_ATOL
 from tests.texts import assert_embeddings_match
+from tritonpack.build.export_text_encoder import CHECK_TEXTS
 from tritonpack.components import ModelFolder
 
 
@@ -103,9 +104,9 @@ def test_encoder_runner_refuses_to_load_when_its_artifact_is_not_what_the_refere
     reference["embedding"] = np.roll(reference["embedding"], 1, axis=0)  # another model's embeddings, in effect
     np.savez(tmp_path / "reference.npz", **reference)
     tampered = ModelFolder(folder.spec, {**folder.files, "1/reference.npz": tmp_path / "reference.npz"})
-    with pytest.raises(RuntimeError, match=r"reference\.npz: embeddings of its 4 reference texts reach min cosine "
-                                           r"0\.\d+ < 0\.9999 \(f32 on this CPU\): model\.xml is not the artifact the "
-                                           r"build checked; rebuild"):
+    with pytest.raises(RuntimeError, match=rf"reference\.npz: embeddings of its {len(CHECK_TEXTS)} reference texts "
+                                           r"reach min cosine 0\.\d+ < 0\.9999 \(f32 on this CPU\): model\.xml is not "
+                                           r"the artifact the build checked; rebuild"):
         python_model(tampered)
 
 
@@ -147,6 +148,6 @@ def test_encoder_runner_reopens_in_fp32_when_bf16_drifts_below_the_floor_on_this
     model.finalize()
     assert opened == ["bf16", "fp32"]
     warning, info = [m for level, m in Logger.messages if m.startswith(("bf16 on this CPU", "reference texts"))]
-    assert re.fullmatch(r"bf16 on this CPU: min cosine 0\.\d+ < 0\.9999 on the build's 4 reference texts; running "
-                        r"fp32 instead", warning)
+    assert re.fullmatch(rf"bf16 on this CPU: min cosine 0\.\d+ < 0\.9999 on the build's {len(CHECK_TEXTS)} reference "
+                        r"texts; running fp32 instead", warning)
     assert re.fullmatch(r"reference texts: min cosine (0\.9999\d+|1\.0+) to the build's \(f32\)", info)

@@ -142,13 +142,23 @@ def test_build_check_names_fp32_weights_when_fp16_weights_fall_below_the_floor(p
     assert not (tmp_path / "check.json").exists()
 
 
+def test_build_check_runs_the_check_texts_a_slot_full_at_a_time_when_the_export_has_fewer_slots(artifact_cache,
+                                                                                                  tmp_path):
+    source = SentenceTransformerSource.resolve(None)
+    onnx = artifact_cache.get(export_text_encoder.encoder_packed, source=source, pooled=True, slots=8) / "model.onnx"
+    assert len(export_text_encoder.CHECK_TEXTS) > 8
+    export_text_encoder.openvino_check(tmp_path, source=source, model=onnx, precision="fp32", packed=True)
+    check = json.loads((tmp_path / "check.json").read_text())
+    assert check["ran"] == "f32" and check["min_cosine"] >= 0.99999  # fp32 weights and compute: every text matches
+
+
 def test_openvino_session_answers_the_same_when_packs_run_on_two_streams_at_once(packed_ir, sessions):
     source, ir = packed_ir
     session = sessions["openvino"].open_session(str(ir["fp16"]), {"precision": "bf16", "threads": "2",
                                                                   "streams": "2"})
     assert session.parallel == 2
     inputs = tokens(source, SENTENCES[:24])
-    packs = [export_text_encoder.pack({n: a[i:i + 3] for n, a in inputs.items()})[0] for i in range(0, 24, 3)]
+    packs = [feeds for feeds, _ in export_text_encoder.packs(inputs, max_rows=3)]
     one_at_a_time = [session(feeds)["EMBEDDING"] for feeds in packs]
     together = [out["EMBEDDING"] for out in session.map(packs)]
     for alone, both in zip(one_at_a_time, together):
