@@ -118,7 +118,7 @@ def test_served_encoder_checked_its_embeddings_against_the_build_reference_when_
     import re
 
     server = served("bert")
-    lines = re.findall(r"reference texts: min cosine ([\d.]+) to the build's \((bf16|f32)\)",
+    lines = re.findall(r"reference texts: min cosine ([\d.]+) to the build's \((bf16|bf16\+f32|f32)\)",
                        server.log_path.read_text())
     assert len(lines) == 1, f"one check per loaded encoder in {server.log_path}"
     assert float(lines[0][0]) >= 0.9999

@@ -1,7 +1,14 @@
-"""Run an ONNX file or an OpenVINO IR with OpenVINO on the CPU (`precision` bf16 or fp32).
+"""Run an ONNX file or an OpenVINO IR with OpenVINO on the CPU (`precision` bf16, fp32, or `mixed`).
 
-One compiled model serves the whole process, with every CPU this process may run on (`os.sched_getaffinity`;
-`threads` > 0 takes fewer): one OpenVINO stream (and infer request) per CPUS_PER_STREAM CPUs, at most MAX_STREAMS,
+`mixed` splits a transformer after its middle layer: the first half computes bf16, the rest f32, as two compiled
+models chained per call. Where a CPU's bf16 misses the embedding floor on short texts, that holds it with a margin
+at 1.2-1.3x the speed of f32 (an AVX512_BF16 EPYC: 0.999888 in bf16, 0.999965 mixed; docs/performance.md,
+eighteenth round). A session names the precision to reopen at when its embeddings miss the floor (`fallback`):
+bf16 → mixed → fp32, which the runner's load-time check and the build's check follow.
+
+One compiled model (two chained, for `mixed`) serves the whole process, with every CPU this process may run on
+(`os.sched_getaffinity`; `threads` > 0 takes fewer): one OpenVINO stream (and infer request) per CPUS_PER_STREAM
+CPUs, at most MAX_STREAMS,
 the threads shared out among them. `map` runs several inputs at once, one per idle request, so a runner that hands
 it a batch as several packs keeps every stream busy from one process. The weights are held once, where one process
 per core held them once per process (docs/performance.md: on 2 CPUs one stream of 2 threads used 6 % less CPU per
@@ -23,6 +30,10 @@ from pathlib import Path
 import numpy as np
 
 OPENVINO_PRECISION = {"fp32": "f32", "bf16": "bf16"}
+MIXED = "mixed"  # bf16 up to the middle layer, f32 after
+# A session below the embedding floor is reopened at the next precision: (its name, what it computes)
+FALLBACK = {"bf16": (MIXED, "bf16 up to the middle layer and fp32 after"), MIXED: ("fp32", "fp32")}
+HIDDEN = "hidden_state"  # what a split model's first half hands to its second
 CPUS_PER_STREAM = 4  # a stream's threads share each pack's matrix products; more streams run more packs at once
 MAX_STREAMS = 4  # each stream keeps its own state per input shape (~15-35 MB on 2 CPUs, docs/performance.md)
 
@@ -132,12 +143,96 @@ def _written_kb(address: int) -> int:
 def read_model(core, path: str, precision: str, weights: WeightsFile | None = None):
     """The model at `path` as this process compiles it for OpenVINO `precision` (f32 | bf16) on this CPU; an IR's
     constants are read from `weights` when given, else from a mapping OpenVINO makes."""
-    model = core.read_model(path) if weights is None else core.read_model(Path(path).read_text(), weights.tensor())
-    computes_f32 = precision == "f32" or "BF16" not in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-    if computes_f32 and any(op.get_type_name() == "Constant" and op.get_element_type().get_type_name() == "f16"
-                            for op in model.get_ops()):
-        keep_weights_16bit(model)
+    model = _read(core, path, weights)
+    if precision == "f32" or not _native_bf16(core):
+        _keep_f16_weights_16bit(model)
     return model
+
+
+def split_in_the_middle(core, path: str, weights: WeightsFile | None = None):
+    """(first half, second half) of the model at `path`, cut at the LayerNorm after which about half of its MatMuls
+    have run and only the hidden state crosses (a post-LN transformer between two layers): the first half's one
+    output is that hidden state, the second half reads it as HIDDEN besides whichever inputs it still needs (the
+    attention mask is recomputed from them). None when no LayerNorm is such a cut."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    model = _read(core, path, weights)
+    cut = _middle_cut(model)
+    if cut is None:
+        return None
+    end = _node(model, cut)
+    reads = _upstream([end])
+    first = ov.Model([end.output(0)], [p for p in model.get_parameters() if p.get_friendly_name() in reads], "first")
+    model = _read(core, path, weights)
+    end = _node(model, cut)
+    hidden = ops.parameter(end.get_output_partial_shape(0), end.get_output_element_type(0), name=HIDDEN)
+    hidden.output(0).get_tensor().set_names({HIDDEN})
+    for target in list(end.output(0).get_target_inputs()):
+        target.replace_source_output(hidden.output(0))
+    reads = _upstream(model.get_results())
+    second = ov.Model(model.get_results(),
+                      [hidden] + [p for p in model.get_parameters() if p.get_friendly_name() in reads], "second")
+    _keep_f16_weights_16bit(second)
+    return first, second
+
+
+def _read(core, path: str, weights: WeightsFile | None):
+    return core.read_model(path) if weights is None else core.read_model(Path(path).read_text(), weights.tensor())
+
+
+def _native_bf16(core) -> bool:
+    return "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+def _keep_f16_weights_16bit(model) -> None:
+    """keep_weights_16bit where `model` stores fp16 weights (and is compiled for f32)."""
+    if any(op.get_type_name() == "Constant" and op.get_element_type().get_type_name() == "f16"
+           for op in model.get_ops()):
+        keep_weights_16bit(model)
+
+
+def _middle_cut(model) -> str | None:
+    """The friendly name of the LayerNorm output (MVN, then its scale and shift) for split_in_the_middle."""
+    matmuls = {op.get_friendly_name() for op in model.get_ops() if op.get_type_name() == "MatMul"}
+    best = None
+    for op in model.get_ordered_ops():
+        if op.get_type_name() != "MVN":
+            continue
+        end = op
+        for kind in ("Multiply", "Add"):
+            readers = _readers(end)
+            if len(readers) != 1 or readers[0].get_type_name() != kind:
+                break
+            end = readers[0]
+        name = end.get_friendly_name()
+        first = _upstream([end]) & matmuls
+        second = _upstream(model.get_results(), stop=name) & matmuls
+        if not first or not second or first & second:  # a half with nothing to do, or work done twice
+            continue
+        balance = abs(len(first) - len(matmuls) / 2)
+        if best is None or balance < best[0]:
+            best = (balance, name)
+    return best and best[1]
+
+
+def _upstream(nodes, stop: str | None = None) -> set[str]:
+    """Friendly names of `nodes` and of every node they read from, not reading past the node named `stop`."""
+    seen: set[str] = set()
+    todo = list(nodes)
+    while todo:
+        node = todo.pop()
+        name = node.get_friendly_name()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name != stop:
+            todo.extend(value.get_node() for value in node.input_values())
+    return seen
+
+
+def _node(model, name: str):
+    return next(op for op in model.get_ops() if op.get_friendly_name() == name)
 
 
 class OpenVinoSession:
@@ -151,7 +246,6 @@ class OpenVinoSession:
         streams, threads = stream_layout(len(os.sched_getaffinity(0)), int(params.get("threads", "0")),
                                          int(params.get("streams", "0")))
         config = {
-            "INFERENCE_PRECISION_HINT": OPENVINO_PRECISION[params.get("precision", "fp32")],
             "PERFORMANCE_HINT": "LATENCY",
             "NUM_STREAMS": streams,
             "INFERENCE_NUM_THREADS": threads,
@@ -160,25 +254,39 @@ class OpenVinoSession:
         }
         core = ov.Core()
         self._weights = WeightsFile(str(Path(path).with_suffix(".bin"))) if path.endswith(".xml") else None
-        model = read_model(core, path, config["INFERENCE_PRECISION_HINT"], self._weights)
-        self._matrix_weights = self._weights.matrix_weights(model) if self._weights else []
-        self.compiled = core.compile_model(model, "CPU", config)
-        self.computes = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()  # bf16 or f32 here
+        precision = params.get("precision", "fp32")
+        halves = split_in_the_middle(core, path, self._weights) if precision == MIXED and _native_bf16(core) else None
+        if halves:
+            stages = list(zip(halves, ("bf16", "f32")))
+        else:  # mixed without native bf16, or without a cut, is f32 throughout
+            hint = OPENVINO_PRECISION.get(precision, "f32")
+            stages = [(read_model(core, path, hint, self._weights), hint)]
+        self._matrix_weights = [span for model, _ in stages for span in self._weights.matrix_weights(model)] \
+            if self._weights else []
+        compiled = [core.compile_model(model, "CPU", {**config, "INFERENCE_PRECISION_HINT": hint})
+                    for model, hint in stages]
+        # bf16 or f32 here; bf16+f32 for a split model
+        self.computes = "+".join(c.get_property("INFERENCE_PRECISION_HINT").get_type_name() for c in compiled)
+        self.fallback = FALLBACK.get(precision)
         self.parallel = streams
         self._idle = queue.SimpleQueue()
         for _ in range(streams):
-            self._idle.put(self.compiled.create_infer_request())
+            self._idle.put([c.create_infer_request() for c in compiled])
         self._threads = ThreadPoolExecutor(streams, thread_name_prefix="openvino") if streams > 1 else None
-        self._input_names = [port.get_any_name() for port in self.compiled.inputs]
-        self._outputs = [(port.get_any_name(), port) for port in self.compiled.outputs]
+        self._stage_inputs = [[port.get_any_name() for port in c.inputs] for c in compiled]
+        self._outputs = [(port.get_any_name(), port) for port in compiled[-1].outputs]
         self._called = False
 
     def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        request = self._idle.get()
+        requests = self._idle.get()
         try:
-            result = request.infer({n: inputs[n] for n in self._input_names})  # copies out of the request
+            hidden = None
+            for request, names in zip(requests, self._stage_inputs):
+                # infer copies out of the request; a first half's one output is the next half's HIDDEN
+                result = request.infer({n: hidden if n == HIDDEN else inputs[n] for n in names})
+                hidden = next(iter(result.values()))
         finally:
-            self._idle.put(request)
+            self._idle.put(requests)
         self._called = True
         return {name: result[port] for name, port in self._outputs}
 

@@ -86,17 +86,19 @@ class FrameworkRunnerModel:
     def _check_reference(self, path: str, params: dict[str, str], reference_path: str):
         """Embed the build's reference texts and compare with the embeddings the build computed with PyTorch. The CPU
         picks the precision (bf16 where it has native bf16, which the build's CPU may not have had): a session whose
-        reduced precision falls below the floor here is reopened in fp32; one that still does not reach it refuses to
-        load, as its artifact is not what the build checked."""
+        reduced precision falls below the floor here is reopened at the precision it names (`session.fallback`: bf16
+        up to the middle layer, then fp32); one that does not reach it in fp32 refuses to load, as its artifact is
+        not what the build checked."""
         with np.load(reference_path) as data:
             reference = {name: data[name] for name in data.files}
         expected, floor = reference.pop("embedding"), float(reference.pop("min_cosine"))
         inputs = {name: reference[name] for name in self.input_names}
         cosine, computes = self._reference_cosine(inputs, expected), _computes(self.session)
-        if not cosine >= floor and computes != "f32":
+        while not cosine >= floor and computes != "f32" and getattr(self.session, "fallback", None):
+            precision, described = self.session.fallback
             self._log("warn", f"{computes} on this CPU: min cosine {cosine:.6f} < {floor} on the build's "
-                              f"{len(expected)} reference texts; running fp32 instead")
-            self.session = self.open_session(path, {**params, "precision": "fp32"})
+                              f"{len(expected)} reference texts; running {described} instead")
+            self.session = self.open_session(path, {**params, "precision": precision})
             cosine, computes = self._reference_cosine(inputs, expected), _computes(self.session)
         if not cosine >= floor:
             raise RuntimeError(f"{reference_path}: embeddings of its {len(expected)} reference texts reach min cosine "
