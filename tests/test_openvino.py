@@ -83,12 +83,12 @@ def test_build_check_runs_bf16_when_the_cpu_has_it(encoder, capsys, tmp_path):
 @pytest.mark.parametrize("mixed_cosine, ran, served", [
     (0.99996, "bf16+f32", "bf16 up to the middle layer and fp32 after"), (0.9998, "f32", "fp32")])
 def test_build_check_follows_the_sessions_fall_back_when_bf16_falls_below_the_floor_on_this_cpu(
-        encoder, monkeypatch, capsys, tmp_path, mixed_cosine, ran, served):
+        encoder, sessions, monkeypatch, capsys, tmp_path, mixed_cosine, ran, served):
     """Stand-ins for what ran: bf16 drifts below the floor, then bf16 up to the middle layer does or does not (no CPU
     here is known to drift on the check texts every time); fp32 is the real session."""
     source, onnx = encoder
     real = export_text_encoder._openvino_cosine
-    fallbacks = {"bf16": ("mixed", "bf16 up to the middle layer and fp32 after"), "mixed": ("fp32", "fp32")}
+    fallbacks = sessions["openvino"].FALLBACK
 
     def drifting(model, precision, *args):
         if precision == "fp32":
