@@ -259,7 +259,7 @@ class OpenVinoSession:
         if halves:
             stages = list(zip(halves, ("bf16", "f32")))
         else:  # mixed without native bf16, or without a cut, is f32 throughout
-            hint = OPENVINO_PRECISION.get(precision, "f32")
+            hint = "f32" if precision == MIXED else OPENVINO_PRECISION[precision]
             stages = [(read_model(core, path, hint, self._weights), hint)]
         self._matrix_weights = [span for model, _ in stages for span in self._weights.matrix_weights(model)] \
             if self._weights else []
