@@ -123,11 +123,11 @@ def pack(inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[int
 
 
 def packs(inputs: dict[str, np.ndarray], max_rows: int = 0) -> list[tuple[dict[str, np.ndarray], list[int]]]:
-    """`pack` over consecutive runs of at most `max_rows` rows (all rows in one pack with 0): a pooled export with
+    """`pack` over the runner's groups of at most `max_rows` rows, in order (one group with 0): a pooled export with
     sentence slots returns that many rows, so it checks the texts a slot-full at a time."""
-    count = len(inputs["attention_mask"])
-    step = max_rows or count
-    return [pack({n: a[i:i + step] for n, a in inputs.items()}) for i in range(0, count, step)]
+    lengths = [max(int(m.sum()), 1) for m in inputs["attention_mask"]]
+    groups = _runner_module("packing").pack_groups(lengths, max_tokens=sum(lengths), max_rows=max_rows)
+    return [pack({n: a[group] for n, a in inputs.items()}) for group in groups]
 
 
 def unpack(packed_output: np.ndarray, lengths: list[int], width: int) -> np.ndarray:
@@ -315,7 +315,7 @@ def openvino_check(out_dir: Path, source: SentenceTransformerSource, model: Path
     reference = mean_pooled(_expected(source, inputs), inputs["attention_mask"], False)
     cosine, ran, fallback = _openvino_cosine(model, precision, inputs, reference, packed)
     below, serves = {}, None  # what ran on this CPU below the floor → its min cosine; what is served instead
-    while not cosine >= MIN_EMBEDDING_COSINE and ran != "f32" and fallback:
+    while not cosine >= MIN_EMBEDDING_COSINE and fallback:
         below[ran], serves = cosine, fallback[1]
         cosine, ran, fallback = _openvino_cosine(model, fallback[0], inputs, reference, packed)
     stored = _stored_weights(Path(model))
@@ -337,7 +337,7 @@ def _openvino_cosine(model: Path, precision: str, inputs: dict[str, np.ndarray],
                      packed: bool) -> tuple[float, str, tuple[str, str] | None]:
     """The smallest cosine between `reference` and `model`'s mean-pooled embeddings of `inputs`, run by the runner's
     OpenVINO session at `precision` as it is served; what this CPU computed (bf16, f32, bf16+f32); and the precision
-    the session falls back to below the floor."""
+    the session falls back to below the floor (None where it computed f32)."""
     import openvino as ov
 
     session = _runner_module("openvino_session").open_session(str(model), {"precision": precision})

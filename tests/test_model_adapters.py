@@ -141,7 +141,7 @@ def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_dri
             def drifting_session(inputs):
                 return {name: value + 0.05 for name, value in session(inputs).items()}
             drifting_session.computes = {"bf16": "bf16", "mixed": "bf16+f32"}[params["precision"]]
-            drifting_session.fallback = session.fallback
+            drifting_session.fallback = openvino.FALLBACK[params["precision"]]
             return drifting_session
 
     Logger.messages.clear()

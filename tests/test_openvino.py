@@ -190,7 +190,7 @@ def test_mixed_session_splits_where_the_cpu_computes_bf16_and_keeps_the_floor_on
         expected, inputs = ref["embedding"], {n: ref[n] for n in ("input_ids", "attention_mask", "token_type_ids")}
     session = sessions["openvino"].open_session(str(ir["fp16"]), {"precision": "mixed"})
     assert session.computes == ("bf16+f32" if CPU_HAS_BF16 else "f32")  # f32 throughout without native bf16
-    assert session.fallback == ("fp32", "fp32")
+    assert session.fallback == (("fp32", "fp32") if CPU_HAS_BF16 else None)  # nothing to give up once f32
     got = np.concatenate([next(iter(session(feeds).values()))[:len(lengths)]
                           for feeds, lengths in export_text_encoder.packs(inputs, max_rows=64)])
     got /= np.linalg.norm(got, axis=1, keepdims=True)

@@ -267,7 +267,7 @@ class OpenVinoSession:
                     for model, hint in stages]
         # bf16 or f32 here; bf16+f32 for a split model
         self.computes = "+".join(c.get_property("INFERENCE_PRECISION_HINT").get_type_name() for c in compiled)
-        self.fallback = FALLBACK.get(precision)
+        self.fallback = FALLBACK.get(precision) if self.computes != "f32" else None  # nothing more to give up
         self.parallel = streams
         self._idle = queue.SimpleQueue()
         for _ in range(streams):

@@ -94,7 +94,7 @@ class FrameworkRunnerModel:
         expected, floor = reference.pop("embedding"), float(reference.pop("min_cosine"))
         inputs = {name: reference[name] for name in self.input_names}
         cosine, computes = self._reference_cosine(inputs, expected), _computes(self.session)
-        while not cosine >= floor and computes != "f32" and getattr(self.session, "fallback", None):
+        while not cosine >= floor and getattr(self.session, "fallback", None):
             precision, described = self.session.fallback
             self._log("warn", f"{computes} on this CPU: min cosine {cosine:.6f} < {floor} on the build's "
                               f"{len(expected)} reference texts; running {described} instead")
