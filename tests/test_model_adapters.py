@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -115,18 +117,13 @@ def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_dri
         bert, tmp_path, drifting):
     """Stand-in drifting sessions (the real session plus noise, reporting the precision a CPU with bf16 computes):
     no CPU here is known to drift on the reference texts every time. The session each falls back to is real."""
-    from google.protobuf import json_format
-
     from tests.fake_pb_utils import Logger, module
     from tritonpack.components import load_model_module
 
     runner = load_model_module("framework_runner", "runner_batching")
     openvino = load_model_module("framework_runner", "openvino_session")
     folder = bert["bert_encoder"]
-    (tmp_path / "1").mkdir()
-    for relative, path in folder.files.items():
-        if not relative.endswith(".py"):
-            (tmp_path / relative).symlink_to(path.resolve())
+    _linked(folder, tmp_path, sources=False)
     opened = []
 
     class DriftingRunner(runner.FrameworkRunnerModel):
@@ -146,8 +143,7 @@ def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_dri
 
     Logger.messages.clear()
     model = DriftingRunner()
-    config = json_format.MessageToDict(folder.spec.to_proto(), preserving_proto_field_name=True)
-    model.initialize({"model_config": json.dumps(config), "model_repository": str(tmp_path), "model_version": "1"})
+    model.initialize({"model_config": _config_json(folder), "model_repository": str(tmp_path), "model_version": "1"})
     model.finalize()
     assert opened == ["bf16", "mixed", "fp32"][:len(drifting) + 1]
     *warnings, info = [m for level, m in Logger.messages if m.startswith(("bf16", "reference texts"))]
@@ -159,3 +155,60 @@ def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_dri
     # bf16 up to the middle layer computes f32 throughout on a CPU without native bf16
     served = r"(bf16\+f32|f32)" if len(drifting) == 1 else "f32"
     assert re.fullmatch(rf"reference texts: min cosine (0\.9999\d+|1\.0+) to the build's \({served}\)", info)
+
+
+def _linked(folder: ModelFolder, to, sources: bool = True):
+    """The model folder's files linked under `to` (its Python sources only with `sources`)."""
+    (to / "1").mkdir()
+    for relative, path in folder.files.items():
+        if sources or not relative.endswith(".py"):
+            (to / relative).symlink_to(path.resolve())
+
+
+def _config_json(folder: ModelFolder) -> str:
+    from google.protobuf import json_format
+
+    return json.dumps(json_format.MessageToDict(folder.spec.to_proto(), preserving_proto_field_name=True))
+
+
+FREED_HEAP_PROBE = """
+import ctypes, json, sys
+
+folder, config = sys.argv[1:]
+sys.path.insert(0, folder + "/1")
+import openvino_session
+import runner_batching
+
+messages = []
+
+
+class Runner(runner_batching.FrameworkRunnerModel):
+    def open_session(self, path, params):
+        return openvino_session.open_session(path, params)
+
+    def _log(self, level, message):
+        messages.append(message)
+
+
+runner = Runner()
+runner.initialize({"model_config": config, "model_repository": folder, "model_version": "1"})
+runner.warming.join()
+before = runner_batching._anonymous_kb()
+ctypes.CDLL(None).malloc_trim(0)
+print(json.dumps({"messages": messages, "trimmed_after_mb": (before - runner_batching._anonymous_kb()) / 1024}))
+"""
+
+
+def test_encoder_runner_returns_the_heap_it_freed_once_every_pack_length_warmed(bert, tmp_path):
+    """In a fresh process, as a stub loads it: opening the session (twice where bf16 falls back), checking it and
+    warming every pack length on a thread of its own free MBs of heap that glibc would keep (6-19 MB measured);
+    the runner hands them back, so a malloc_trim after it finds nothing left to return."""
+    folder = bert["bert_encoder"]
+    _linked(folder, tmp_path)
+    probe = json.loads(subprocess.run([sys.executable, "-c", FREED_HEAP_PROBE, str(tmp_path), _config_json(folder)],
+                                      capture_output=True, text=True, check=True).stdout)
+    (line,) = [m for m in probe["messages"] if m.startswith("every pack length warmed")]
+    assert re.fullmatch(r"every pack length warmed; [\d.]+ MB of weights file pages released, "
+                        r"([\d.]+) MB of freed heap returned", line)
+    assert float(line.split(", ")[1].split()[0]) >= 1, line
+    assert probe["trimmed_after_mb"] < 0.5, probe

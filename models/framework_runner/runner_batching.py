@@ -13,6 +13,7 @@ PyTorch embeddings) the runner checks itself at load on the CPU it runs on (`_ch
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import threading
@@ -195,15 +196,19 @@ class FrameworkRunnerModel:
         return True
 
     def _warm_then_settle(self, lengths: list[int]):
-        """Warm the remaining lengths; once every shape has run, a session that can give memory back (`warmed`:
-        OpenVINO's file pages of weights it now holds in its own layouts) does."""
-        if self._warm(lengths) and hasattr(self.session, "warmed"):
+        """Warm the remaining lengths; once every shape has run, what the process holds for nothing goes back to
+        the kernel: the file pages of weights the session now holds in layouts of its own (`warmed`: OpenVINO's),
+        then the heap memory that opening, checking and warming freed (`return_freed_heap`)."""
+        if not self._warm(lengths):
+            return
+        released = []
+        if hasattr(self.session, "warmed"):
             try:
-                dropped = self.session.warmed()
+                released.append(f"{self.session.warmed() / 2**20:.1f} MB of weights file pages released")
             except OSError as e:  # not fatal: the pages stay resident
                 self._log("warn", f"releasing the weights file's pages failed: {e}")
-                return
-            self._log("info", f"every pack length warmed; {dropped / 2**20:.1f} MB of weights file pages released")
+        released.append(f"{return_freed_heap() / 2**20:.1f} MB of freed heap returned")
+        self._log("info", "every pack length warmed; " + ", ".join(released))
 
     def _parallel(self) -> int:
         return getattr(self.session, "parallel", 1)
@@ -253,6 +258,25 @@ class FrameworkRunnerModel:
 
     def open_session(self, path, params):
         raise NotImplementedError
+
+
+def return_freed_heap() -> int:
+    """Hand the heap memory this process has freed back to the kernel (glibc's `malloc_trim`); the bytes of
+    anonymous memory returned, 0 without glibc. glibc keeps freed memory in the arena of the thread that allocated
+    it: a session opened (twice, where the check falls back) and warmed on a thread of its own leaves 6-17 MB there
+    that requests never reuse (MiniLM, docs/performance.md, nineteenth round)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except AttributeError:
+        return 0
+    before = _anonymous_kb()
+    trim(0)
+    return max(0, before - _anonymous_kb()) * 1024
+
+
+def _anonymous_kb() -> int:
+    with open("/proc/self/smaps_rollup") as rollup:
+        return next(int(line.split()[1]) for line in rollup if line.startswith("Anonymous:"))
 
 
 def _computes(session) -> str:
