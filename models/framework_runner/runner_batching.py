@@ -263,8 +263,8 @@ class FrameworkRunnerModel:
 def return_freed_heap() -> int:
     """Hand the heap memory this process has freed back to the kernel (glibc's `malloc_trim`); the bytes of
     anonymous memory returned, 0 without glibc. glibc keeps freed memory in the arena of the thread that allocated
-    it: a session opened (twice, where the check falls back) and warmed on a thread of its own leaves 6-17 MB there
-    that requests never reuse (MiniLM, docs/performance.md, nineteenth round)."""
+    it: a session opened (twice, where the check falls back) and warmed on a thread of its own leaves 6-19 MB there,
+    of which requests reuse 3-6 (MiniLM, docs/performance.md, nineteenth round)."""
     try:
         trim = ctypes.CDLL(None).malloc_trim
     except AttributeError:
