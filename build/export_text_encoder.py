@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import warnings
@@ -102,9 +103,10 @@ def _load_packed(model_dir: Path, pooled: bool = False, normalize: bool = False,
     return PackedTokenEmbeddings().eval()
 
 
+@functools.cache
 def _runner_module(name: str):
     """A numpy-only module of the portable runner (models/framework_runner/<name>.py), so the build packs and
-    configures exactly as the served model does."""
+    configures exactly as the served model does; loaded once."""
     import importlib.util
 
     path = RUNNER_DIR / f"{name}.py"

@@ -24,8 +24,6 @@ def fake_server() -> Iterator:
     version folder."""
     import tempfile
 
-    from google.protobuf import json_format
-
     with ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="model-under-test-")))
         saved = sys.modules.get("triton_python_backend_utils")
@@ -35,19 +33,30 @@ def fake_server() -> Iterator:
 
         def load_model(folder: ModelFolder):
             name = folder.spec.name
-            for relative, path in folder.files.items():
-                if not relative.endswith(".py"):
-                    (root / name / relative).parent.mkdir(parents=True, exist_ok=True)
-                    (root / name / relative).symlink_to(Path(path).resolve())
+            link_files(folder, root / name)
             source = Path(folder.files["1/model.py"])
             stack.enter_context(model_imports(source.parent.name))
             spec = importlib.util.spec_from_file_location(f"model_{uuid.uuid4().hex}", source)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
-            config = json_format.MessageToDict(folder.spec.to_proto(), preserving_proto_field_name=True)
             model = module.TritonPythonModel()
-            model.initialize({"model_config": json.dumps(config), "model_repository": str(root / name),
+            model.initialize({"model_config": config_json(folder), "model_repository": str(root / name),
                               "model_version": "1", "model_name": name})
             return model
 
         yield load_model
+
+
+def link_files(folder: ModelFolder, to: Path, sources: bool = False) -> None:
+    """The folder's files linked under `to` as a model folder on disk (its Python sources too with `sources`)."""
+    for relative, path in folder.files.items():
+        if sources or not relative.endswith(".py"):
+            (to / relative).parent.mkdir(parents=True, exist_ok=True)
+            (to / relative).symlink_to(Path(path).resolve())
+
+
+def config_json(folder: ModelFolder) -> str:
+    """The folder's config as Triton hands it to a python model's `initialize` (`args["model_config"]`)."""
+    from google.protobuf import json_format
+
+    return json.dumps(json_format.MessageToDict(folder.spec.to_proto(), preserving_proto_field_name=True))

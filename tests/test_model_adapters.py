@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.fake_pb_utils import InferenceRequest, Tensor, TritonError
+from tests.model_folders import config_json, link_files
 from tests.reliability.soak import EMBEDDING_ATOL
 from tests.texts import assert_embeddings_match
 from tritonpack.build.export_text_encoder import CHECK_TEXTS
@@ -123,7 +124,7 @@ def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_dri
     runner = load_model_module("framework_runner", "runner_batching")
     openvino = load_model_module("framework_runner", "openvino_session")
     folder = bert["bert_encoder"]
-    _linked(folder, tmp_path, sources=False)
+    link_files(folder, tmp_path)
     opened = []
 
     class DriftingRunner(runner.FrameworkRunnerModel):
@@ -143,7 +144,7 @@ def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_dri
 
     Logger.messages.clear()
     model = DriftingRunner()
-    model.initialize({"model_config": _config_json(folder), "model_repository": str(tmp_path), "model_version": "1"})
+    model.initialize({"model_config": config_json(folder), "model_repository": str(tmp_path), "model_version": "1"})
     model.finalize()
     assert opened == ["bf16", "mixed", "fp32"][:len(drifting) + 1]
     *warnings, info = [m for level, m in Logger.messages if m.startswith(("bf16", "reference texts"))]
@@ -157,22 +158,8 @@ def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_dri
     assert re.fullmatch(rf"reference texts: min cosine (0\.9999\d+|1\.0+) to the build's \({served}\)", info)
 
 
-def _linked(folder: ModelFolder, to, sources: bool = True):
-    """The model folder's files linked under `to` (its Python sources only with `sources`)."""
-    (to / "1").mkdir()
-    for relative, path in folder.files.items():
-        if sources or not relative.endswith(".py"):
-            (to / relative).symlink_to(path.resolve())
-
-
-def _config_json(folder: ModelFolder) -> str:
-    from google.protobuf import json_format
-
-    return json.dumps(json_format.MessageToDict(folder.spec.to_proto(), preserving_proto_field_name=True))
-
-
 FREED_HEAP_PROBE = """
-import ctypes, json, sys
+import json, sys
 
 folder, config = sys.argv[1:]
 sys.path.insert(0, folder + "/1")
@@ -193,9 +180,7 @@ class Runner(runner_batching.FrameworkRunnerModel):
 runner = Runner()
 runner.initialize({"model_config": config, "model_repository": folder, "model_version": "1"})
 runner.warming.join()
-before = runner_batching._anonymous_kb()
-ctypes.CDLL(None).malloc_trim(0)
-print(json.dumps({"messages": messages, "trimmed_after_mb": (before - runner_batching._anonymous_kb()) / 1024}))
+print(json.dumps({"messages": messages, "trimmed_after_mb": runner_batching.return_freed_heap() / 2**20}))
 """
 
 
@@ -204,8 +189,8 @@ def test_encoder_runner_returns_the_heap_it_freed_once_every_pack_length_warmed(
     warming every pack length on a thread of its own free MBs of heap that glibc would keep (6-19 MB measured);
     the runner hands them back, so a malloc_trim after it finds nothing left to return."""
     folder = bert["bert_encoder"]
-    _linked(folder, tmp_path)
-    probe = json.loads(subprocess.run([sys.executable, "-c", FREED_HEAP_PROBE, str(tmp_path), _config_json(folder)],
+    link_files(folder, tmp_path, sources=True)
+    probe = json.loads(subprocess.run([sys.executable, "-c", FREED_HEAP_PROBE, str(tmp_path), config_json(folder)],
                                       capture_output=True, text=True, check=True).stdout)
     (line,) = [m for m in probe["messages"] if m.startswith("every pack length warmed")]
     returned = re.fullmatch(r"every pack length warmed; [\d.]+ MB of weights file pages released, "
