@@ -156,7 +156,8 @@ def test_local_mme_quarantines_a_target_that_kills_its_stub_while_the_others_kee
     def keep_calling() -> None:
         with requests.Session() as session:
             while not done.is_set():
-                healthy.append(invoke(mme, HEALTHY[0], session=session).status_code)
+                answer = invoke(mme, HEALTHY[0], session=session)
+                healthy.append((answer.status_code, answer.text[:300] if answer.status_code != 200 else ""))
 
     caller = threading.Thread(target=keep_calling)
     caller.start()
@@ -176,7 +177,8 @@ def test_local_mme_quarantines_a_target_that_kills_its_stub_while_the_others_kee
         assert "'stub-killer.tar.gz' is quarantined" in body["message"] and "is not healthy" in body["message"]
         assert 0 < int(answer.headers["Retry-After"]) <= POLICY.quarantine_s
     after = metrics(mme)
-    assert healthy and set(healthy) == {200}, healthy
+    failed = [answer for answer in healthy if answer[0] != 200]
+    assert healthy and not failed, (failed, mme.triton.log_path.read_text(errors="replace")[-6000:])
     assert (after["ModelCrashes"] - before["ModelCrashes"], after["ModelQuarantines"] - before["ModelQuarantines"],
             after["TritonRestarts"] - before["TritonRestarts"]) == (2, 1, 0)
     assert "stub-killer.tar.gz" not in mme.manager.loaded_targets()
