@@ -47,6 +47,19 @@ CHECK_TEXTS = [
     "Where is my order?", "Call me back.", "Love it!", "Too expensive.", "Works fine.", "It broke.", "Happy birthday!",
     "Merci beaucoup", "Danke schön", "¿Qué tal?", "Cool 😎", "404",
 ]
+# Long texts, from 17 tokens to past the model's limit: where a CPU's bf16 misses the floor on short texts only, the
+# encoder computes longer ones in bf16 (openvino_session.BF16_LONG), and these check that route.
+_REPORT = ("The warehouse in Rotterdam shipped 1,240 pallets in March, up 8% on February, although two deliveries to "
+           "Lyon were delayed by a strike at the port. Customers asked mostly about tracking numbers, invoices that "
+           "listed the wrong VAT rate, and whether orders placed after 4 p.m. still leave the same day; the answer "
+           "is yes for parcels under 30 kg. Next quarter we plan to move returns handling to the new site near "
+           "Antwerp, hire six more people for the night shift, and replace the label printers, which jam roughly "
+           "once per hundred labels. Energy costs fell slightly after the solar panels went live, but insurance "
+           "premiums rose by 12%, so the net effect on the budget is close to zero. Questions about the forecast "
+           "should go to the finance team before the board meeting on the 14th; the slides will be shared on "
+           "Monday, together with the survey results from the drivers and the updated safety checklist for "
+           "forklifts, which now includes a daily brake test and a weekly inspection of the hydraulic hoses.")
+CHECK_TEXTS += [(_REPORT + " " + _REPORT)[:chars] for chars in (90, 200, 420, 800, 1100, 2 * len(_REPORT) + 1)]
 
 
 def _load(model_dir: Path):
@@ -124,12 +137,14 @@ def pack(inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[int
     return _runner_module("packing").packed_inputs(rows), lengths
 
 
-def packs(inputs: dict[str, np.ndarray], max_rows: int = 0) -> list[tuple[dict[str, np.ndarray], list[int]]]:
-    """`pack` over the runner's groups of at most `max_rows` rows, in order (one group with 0): a pooled export with
-    sentence slots returns that many rows, so it checks the texts a slot-full at a time."""
+def packs(inputs: dict[str, np.ndarray], max_rows: int = 0, short_tokens: int = 0,
+          short_max_tokens: int = 0) -> list[tuple[dict[str, np.ndarray], list[int], list[int]]]:
+    """`pack` over the runner's groups of at most `max_rows` rows (one group with 0), with the rows in each: a pooled
+    export with sentence slots returns that many rows, so it checks the texts a slot-full at a time. Short sentences
+    are packed apart as the runner packs them for a session that runs them apart (packing.pack_groups)."""
     lengths = [max(int(m.sum()), 1) for m in inputs["attention_mask"]]
-    groups = _runner_module("packing").pack_groups(lengths, max_tokens=sum(lengths), max_rows=max_rows)
-    return [pack({n: a[group] for n, a in inputs.items()}) for group in groups]
+    groups = _runner_module("packing").pack_groups(lengths, sum(lengths), max_rows, 1, short_tokens, short_max_tokens)
+    return [pack({n: a[group] for n, a in inputs.items()}) + (group,) for group in groups]
 
 
 def unpack(packed_output: np.ndarray, lengths: list[int], width: int) -> np.ndarray:
@@ -269,7 +284,7 @@ def encoder_packed(out_dir: Path, source: SentenceTransformerSource, pooled: boo
                           dynamo=False)
     session = _ort_session(out_dir / "model.onnx")
     outputs = []
-    for feeds, lengths in groups:
+    for feeds, lengths, _ in groups:
         got = session.run(None, feeds)[0]
         if slots and (got.shape[0] != slots or got[len(lengths):].any()):
             raise RuntimeError(f"packed ONNX of {source.path}: expected {slots} rows, zeros after the sentences")
@@ -342,19 +357,23 @@ def _openvino_cosine(model: Path, precision: str, inputs: dict[str, np.ndarray],
     the session falls back to below the floor (None where it computed f32)."""
     import openvino as ov
 
-    session = _runner_module("openvino_session").open_session(str(model), {"precision": precision})
     mask = inputs["attention_mask"]
     if packed:
+        # as the packing runner opens it (short sentences apart where the session asks for it)
+        session = _runner_module("openvino_session").open_session(str(model), {"precision": precision,
+                                                                               "max_pack_tokens": str(mask.size)})
         rows = ov.Core().read_model(str(model)).output(0).get_partial_shape()  # [slots, hidden] with sentence slots
         slots = rows[0].get_length() if len(rows) == 2 and rows[0].is_static else 0
-        pieces = []
-        for feeds, lengths in packs(inputs, slots):
-            got = next(iter(session(feeds).values()))  # token embeddings [1, tokens, hidden], or pooled rows
+        pieces, order = [], []
+        for feeds, lengths, group in packs(inputs, slots, session.short_tokens, session.short_pack_tokens):
+            got = next(iter(session(feeds, min(lengths)).values()))  # token embeddings [1, tokens, hidden], or rows
             pieces.append(unpack(got, lengths, mask.shape[1]) if got.ndim == 3 else got[:len(lengths)])
-        actual = np.concatenate(pieces)
+            order += group
+        actual = np.concatenate(pieces)[np.argsort(order)]
         if actual.ndim == 3:
             actual = mean_pooled(actual, mask, False)
     else:
+        session = _runner_module("openvino_session").open_session(str(model), {"precision": precision})
         actual = mean_pooled(next(iter(session(inputs).values())), mask, False)
     cosine = float(((reference * actual).sum(1) / np.linalg.norm(reference, axis=1)
                     / np.linalg.norm(actual, axis=1)).min())

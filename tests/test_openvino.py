@@ -80,30 +80,39 @@ def test_build_check_runs_bf16_when_the_cpu_has_it(encoder, capsys, tmp_path):
     assert "openvino bf16 (bf16)" in out and (bf16 >= 0.9999 or "so the encoder serves" in out)
 
 
-@pytest.mark.parametrize("mixed_cosine, ran, served", [
-    (0.99996, "bf16+f32", "bf16 up to the middle layer and fp32 after"), (0.9998, "f32", "fp32")])
+ROUTED = "bf16, bf16+f32 up to 16 tokens"  # what a bf16-long session computes on a CPU with native bf16
+
+
+@pytest.mark.parametrize("stand_ins, ran, served", [
+    ({"bf16-long": 0.99996}, ROUTED,
+     "bf16 for sentences of more than 16 tokens, for shorter ones bf16 up to the middle layer and fp32 after"),
+    ({"bf16-long": 0.99985, "mixed": 0.99996}, "bf16+f32", "bf16 up to the middle layer and fp32 after"),
+    ({"bf16-long": 0.99985, "mixed": 0.9998}, "f32", "fp32")])
 def test_build_check_follows_the_sessions_fall_back_when_bf16_falls_below_the_floor_on_this_cpu(
-        encoder, sessions, monkeypatch, capsys, tmp_path, mixed_cosine, ran, served):
-    """Stand-ins for what ran: bf16 drifts below the floor, then bf16 up to the middle layer does or does not (no CPU
-    here is known to drift on the check texts every time); fp32 is the real session."""
-    source, onnx = encoder
+        packed_ir, sessions, monkeypatch, capsys, tmp_path, stand_ins, ran, served):
+    """Stand-ins for what ran: bf16 drifts below the floor, then bf16 for long sentences only, then bf16 up to the
+    middle layer, do or do not (no CPU here is known to drift on the check texts every time); fp32 is the real
+    session."""
+    source, ir = packed_ir
     real = export_text_encoder._openvino_cosine
     fallbacks = sessions["openvino"].FALLBACK
+    computes = {"bf16": "bf16", "bf16-long": ROUTED, "mixed": "bf16+f32"}
 
     def drifting(model, precision, *args):
         if precision == "fp32":
             return real(model, precision, *args)
-        stand_in = {"bf16": (0.9990, "bf16"), "mixed": (mixed_cosine, "bf16+f32")}[precision]
-        return stand_in + (fallbacks[precision],)
+        return {"bf16": 0.9990, **stand_ins}[precision], computes[precision], fallbacks[precision]
 
     monkeypatch.setattr(export_text_encoder, "_openvino_cosine", drifting)
-    export_text_encoder.openvino_check(tmp_path, source=source, model=onnx, precision="bf16", packed=False)
+    export_text_encoder.openvino_check(tmp_path, source=source, model=ir["fp16"], precision="bf16", packed=True)
     check = json.loads((tmp_path / "check.json").read_text())
     assert check["ran"] == ran and check["below_floor"]["bf16"] == 0.9990
-    assert check["min_cosine"] == (mixed_cosine if ran == "bf16+f32" else pytest.approx(1.0, abs=1e-5))
+    served_cosine = {ROUTED: stand_ins["bf16-long"], "bf16+f32": stand_ins.get("mixed")}.get(ran)
+    assert check["min_cosine"] == (served_cosine or pytest.approx(1.0, abs=1e-4))  # the real fp32 session: ~1
+    below = [f"{stand_ins[p]:.6f} ({computes[p]})" for p in stand_ins if stand_ins[p] < 0.9999]
     out = capsys.readouterr().out
-    assert f"min embedding cosine 0.999000 (bf16){', then 0.999800 (bf16+f32)' if ran == 'f32' else ''} < 0.9999 " \
-           f"on this CPU, so the encoder serves {served} here" in out
+    assert f"min embedding cosine {', then '.join(['0.999000 (bf16)'] + below)} < 0.9999 on this CPU, so the " \
+           f"encoder serves {served} here" in out
 
 
 def test_build_check_rejects_precision_when_embeddings_drift(encoder, monkeypatch, tmp_path):
@@ -177,7 +186,7 @@ def test_split_in_the_middle_cuts_between_two_layers_and_gives_the_whole_models_
     f32 = {"INFERENCE_PRECISION_HINT": "f32"}
     whole = core.compile_model(core.read_model(str(ir["fp32"])), "CPU", f32)
     first, second = (core.compile_model(half, "CPU", f32) for half in (first, second))
-    for feeds, _ in export_text_encoder.packs(tokens(source, SENTENCES[:24]), max_rows=8):
+    for feeds, _, _ in export_text_encoder.packs(tokens(source, SENTENCES[:24]), max_rows=8):
         hidden = first({port.get_any_name(): feeds[port.get_any_name()] for port in first.inputs})[0]
         chained = second({openvino_session.HIDDEN: hidden, "segment_ids": feeds["segment_ids"]})[0]
         np.testing.assert_allclose(chained, whole(feeds)[0], atol=1e-5)
@@ -192,7 +201,38 @@ def test_mixed_session_splits_where_the_cpu_computes_bf16_and_keeps_the_floor_on
     assert session.computes == ("bf16+f32" if CPU_HAS_BF16 else "f32")  # f32 throughout without native bf16
     assert session.fallback == (("fp32", "fp32") if CPU_HAS_BF16 else None)  # nothing to give up once f32
     got = np.concatenate([next(iter(session(feeds).values()))[:len(lengths)]
-                          for feeds, lengths in export_text_encoder.packs(inputs, max_rows=64)])
+                          for feeds, lengths, _ in export_text_encoder.packs(inputs, max_rows=64)])
+    got /= np.linalg.norm(got, axis=1, keepdims=True)
+    assert (got * expected).sum(1).min() >= 0.9999
+
+
+def test_bf16_long_session_runs_long_sentences_in_bf16_and_short_ones_as_mixed_when_the_runner_packs(
+        packed_ir, sessions, artifact_cache):
+    source, ir = packed_ir
+    with np.load(artifact_cache.get(export_text_encoder.encoder_reference, source=source) / "reference.npz") as ref:
+        expected, inputs = ref["embedding"], {n: ref[n] for n in ("input_ids", "attention_mask", "token_type_ids")}
+    packing = {"max_pack_tokens": "256"}
+    routed, mixed, bf16 = (sessions["openvino"].open_session(str(ir["fp16"]), {"precision": p, **packing})
+                           for p in ("bf16-long", "mixed", "bf16"))
+    # without packing nothing sends short sentences apart: bf16-long is mixed
+    unpacked = sessions["openvino"].open_session(str(ir["fp16"]), {"precision": "bf16-long"})
+    assert (unpacked.short_tokens, unpacked.computes, unpacked.fallback) == \
+        ((0, "bf16+f32", ("fp32", "fp32")) if CPU_HAS_BF16 else (0, "f32", None))
+    if not CPU_HAS_BF16:
+        assert (routed.short_tokens, routed.computes, routed.fallback) == (0, "f32", None)
+        return
+    assert (routed.short_tokens, routed.short_pack_tokens) == (16, 64)
+    assert routed.computes == "bf16, bf16+f32 up to 16 tokens" and routed.fallback[0] == "mixed"
+    got = np.zeros_like(expected)
+    groups = export_text_encoder.packs(inputs, 64, routed.short_tokens, routed.short_pack_tokens)
+    assert {min(lengths) > 16 for _, lengths, _ in groups} == {True, False}  # the check texts take both routes
+    for feeds, lengths, rows in groups:
+        out = routed(feeds, min(lengths))["EMBEDDING"]
+        if min(lengths) <= 16:  # the short route is the mixed session's, bit for bit
+            np.testing.assert_array_equal(out, mixed(feeds)["EMBEDDING"])
+        else:  # the long route computes bf16 after the middle layer too: close to whole bf16, not to mixed
+            assert np.abs(out - mixed(feeds)["EMBEDDING"]).max() > 10 * np.abs(out - bf16(feeds)["EMBEDDING"]).max()
+        got[rows] = out[:len(lengths)]
     got /= np.linalg.norm(got, axis=1, keepdims=True)
     assert (got * expected).sum(1).min() >= 0.9999
 
@@ -203,7 +243,7 @@ def test_openvino_session_answers_the_same_when_packs_run_on_two_streams_at_once
                                                                   "streams": "2"})
     assert session.parallel == 2
     inputs = tokens(source, SENTENCES[:24])
-    packs = [feeds for feeds, _ in export_text_encoder.packs(inputs, max_rows=3)]
+    packs = [feeds for feeds, _, _ in export_text_encoder.packs(inputs, max_rows=3)]
     one_at_a_time = [session(feeds)["EMBEDDING"] for feeds in packs]
     together = [out["EMBEDDING"] for out in session.map(packs)]
     for alone, both in zip(one_at_a_time, together):

@@ -3,8 +3,11 @@
 `mixed` splits a transformer after its middle layer: the first half computes bf16, the rest f32, as two compiled
 models chained per call. Where a CPU's bf16 misses the embedding floor on short texts, that holds it with a margin
 at 1.2-1.3x the speed of f32 (an AVX512_BF16 EPYC: 0.999888 in bf16, 0.999965 mixed; docs/performance.md,
-eighteenth round). A session names the precision to reopen at when its embeddings miss the floor (`fallback`):
-bf16 → mixed → fp32, which the runner's load-time check and the build's check follow.
+eighteenth round). bf16 misses it on short texts only: `bf16-long` runs calls whose sentences all have more than
+SHORT_TOKENS tokens in bf16 (the first half, then a bf16 compile of the second) and the others as `mixed`; the
+caller says which (`shortest`) and packs short sentences apart (`short_tokens`, `short_pack_tokens`). A session
+names the precision to reopen at when its embeddings miss the floor (`fallback`): bf16 → bf16-long → mixed → fp32,
+which the runner's load-time check and the build's check follow.
 
 One compiled model (two chained, for `mixed`) serves the whole process, with every CPU this process may run on
 (`os.sched_getaffinity`; `threads` > 0 takes fewer): one OpenVINO stream (and infer request) per CPUS_PER_STREAM
@@ -31,8 +34,17 @@ import numpy as np
 
 OPENVINO_PRECISION = {"fp32": "f32", "bf16": "bf16"}
 MIXED = "mixed"  # bf16 up to the middle layer, f32 after
+BF16_LONG = "bf16-long"  # bf16 for calls of long sentences only, MIXED for the others
+# bf16 keeps the floor from 17 tokens on (an AVX512_BF16 EPYC: min cosine 0.99996 on held-out sentences of 17-256
+# tokens, 0.99992 on shorter ones and 0.99989 on 1-4 words; docs/performance.md, twentieth round)
+SHORT_TOKENS = 16
+# Packs of short sentences stay this short: the f32 second half then keeps state for 4 pack lengths, not 16
+# (+3.5 MB per loaded model for the bf16 second half, not +28; docs/performance.md, twenty-first round)
+SHORT_PACK_TOKENS = 64
 # A session below the embedding floor is reopened at the next precision: (its name, what it computes)
-FALLBACK = {"bf16": (MIXED, "bf16 up to the middle layer and fp32 after"), MIXED: ("fp32", "fp32")}
+FALLBACK = {"bf16": (BF16_LONG, f"bf16 for sentences of more than {SHORT_TOKENS} tokens, for shorter ones bf16 up "
+                                f"to the middle layer and fp32 after"),
+            BF16_LONG: (MIXED, "bf16 up to the middle layer and fp32 after"), MIXED: ("fp32", "fp32")}
 HIDDEN = "hidden_state"  # what a split model's first half hands to its second
 CPUS_PER_STREAM = 4  # a stream's threads share each pack's matrix products; more streams run more packs at once
 MAX_STREAMS = 4  # each stream keeps its own state per input shape (~15-35 MB on 2 CPUs, docs/performance.md)
@@ -238,7 +250,11 @@ def _node(model, name: str):
 class OpenVinoSession:
     """`session(inputs)` runs one call; `session.map([inputs, ...])` runs them `parallel` at a time, each on an
     idle infer request from a thread of its own (OpenVINO releases the GIL while it infers; an error comes back to
-    the caller, where one in AsyncInferQueue's callback aborted the process)."""
+    the caller, where one in AsyncInferQueue's callback aborted the process). `shortest`: the fewest real tokens of
+    any sentence in a call, for a session that runs short sentences apart (`short_tokens` > 0; 0: not known)."""
+
+    short_tokens = 0  # > 0: calls whose sentences all have more tokens than this take the fast route
+    short_pack_tokens = 0  # the most tokens a call of shorter sentences should hold
 
     def __init__(self, path: str, params: dict[str, str]):
         import openvino as ov
@@ -255,54 +271,72 @@ class OpenVinoSession:
         core = ov.Core()
         self._weights = WeightsFile(str(Path(path).with_suffix(".bin"))) if path.endswith(".xml") else None
         precision = params.get("precision", "fp32")
-        halves = split_in_the_middle(core, path, self._weights) if precision == MIXED and _native_bf16(core) else None
+        # only a packing runner packs short sentences apart (packing.pack_groups): without it bf16-long is mixed
+        packing = int(params.get("max_pack_tokens", "0")) > 0
+        if precision == BF16_LONG and not packing:
+            precision = MIXED
+        split = precision in (MIXED, BF16_LONG) and _native_bf16(core)
+        halves = split_in_the_middle(core, path, self._weights) if split else None
         if halves:
             stages = list(zip(halves, ("bf16", "f32")))
-        else:  # mixed without native bf16, or without a cut, is f32 throughout
-            hint = "f32" if precision == MIXED else OPENVINO_PRECISION[precision]
+            if precision == BF16_LONG:  # the same second half compiled again (OpenVINO compiles a copy)
+                stages.append((halves[1], "bf16"))
+                self.short_tokens, self.short_pack_tokens = SHORT_TOKENS, SHORT_PACK_TOKENS
+        else:  # mixed or bf16-long without native bf16, or without a cut, is f32 throughout
+            hint = "f32" if precision in (MIXED, BF16_LONG) else OPENVINO_PRECISION[precision]
             stages = [(read_model(core, path, hint, self._weights), hint)]
-        self._matrix_weights = [span for model, _ in stages for span in self._weights.matrix_weights(model)] \
+        self._matrix_weights = [span for model, _ in stages[:2] for span in self._weights.matrix_weights(model)] \
             if self._weights else []
         compiled = [core.compile_model(model, "CPU", {**config, "INFERENCE_PRECISION_HINT": hint})
                     for model, hint in stages]
+        computes = [c.get_property("INFERENCE_PRECISION_HINT").get_type_name() for c in compiled]
+        # the stages each route chains: the precise one (short sentences, or all calls), then the fast one
+        self._routes = [[0, 1], [0, 2]] if len(compiled) == 3 else [list(range(len(compiled)))]
         # bf16 or f32 here; bf16+f32 for a split model
-        self.computes = "+".join(c.get_property("INFERENCE_PRECISION_HINT").get_type_name() for c in compiled)
+        self.computes = "+".join(computes[i] for i in self._routes[0])
+        if self.short_tokens:
+            self.computes = f"bf16, {self.computes} up to {self.short_tokens} tokens"
         self.fallback = FALLBACK.get(precision) if self.computes != "f32" else None  # nothing more to give up
+        if self.fallback and self.fallback[0] == BF16_LONG and not packing:
+            self.fallback = FALLBACK[BF16_LONG]
         self.parallel = streams
         self._idle = queue.SimpleQueue()
         for _ in range(streams):
             self._idle.put([c.create_infer_request() for c in compiled])
         self._threads = ThreadPoolExecutor(streams, thread_name_prefix="openvino") if streams > 1 else None
         self._stage_inputs = [[port.get_any_name() for port in c.inputs] for c in compiled]
-        self._outputs = [(port.get_any_name(), port) for port in compiled[-1].outputs]
+        self._outputs = [[(port.get_any_name(), port) for port in c.outputs] for c in compiled]
         self._called = False
 
-    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def __call__(self, inputs: dict[str, np.ndarray], shortest: int = 0) -> dict[str, np.ndarray]:
+        route = self._routes[-1] if self.short_tokens and shortest > self.short_tokens else self._routes[0]
         requests = self._idle.get()
         try:
             hidden = None
-            for request, names in zip(requests, self._stage_inputs):
+            for stage in route:
                 # infer copies out of the request; a first half's one output is the next half's HIDDEN
-                result = request.infer({n: hidden if n == HIDDEN else inputs[n] for n in names})
+                result = requests[stage].infer({n: hidden if n == HIDDEN else inputs[n]
+                                                for n in self._stage_inputs[stage]})
                 hidden = next(iter(result.values()))
         finally:
             self._idle.put(requests)
         self._called = True
-        return {name: result[port] for name, port in self._outputs}
+        return {name: result[port] for name, port in self._outputs[route[-1]]}
 
     def warmed(self) -> int:
         """Called once every input shape the runner sends has run on every infer request: the file pages of the
         matrix weights go back to the kernel (the plugin holds them in its own layouts now); the bytes dropped."""
         return self._weights.release(self._matrix_weights) if self._weights else 0
 
-    def map(self, calls: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    def map(self, calls: list[dict[str, np.ndarray]], shortest: list[int] | None = None) -> list[dict[str, np.ndarray]]:
+        shortest = shortest or [0] * len(calls)
         if self._threads is None or len(calls) < 2:
-            return [self(inputs) for inputs in calls]
+            return [self(inputs, n) for inputs, n in zip(calls, shortest)]
         if not self._called:
             # The first call runs alone: two threads entering OpenVINO's Python bindings for the first time
             # deadlocked on the one-time initialisation of its numpy API (seen with gdb).
-            return [self(calls[0])] + list(self._threads.map(self, calls[1:]))
-        return list(self._threads.map(self, calls))
+            return [self(calls[0], shortest[0])] + list(self._threads.map(self, calls[1:], shortest[1:]))
+        return list(self._threads.map(self, calls, shortest))
 
 
 def open_session(path: str, params: dict[str, str]) -> OpenVinoSession:

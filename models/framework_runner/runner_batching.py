@@ -76,11 +76,11 @@ class FrameworkRunnerModel:
         self._stop_warming = threading.Event()
         self.warming = None
         if self.max_pack_tokens:
-            lengths = list(range(PACK_MULTIPLE, self.max_pack_tokens + 1, PACK_MULTIPLE))
+            shapes = self._pack_shapes()
             if not checked:  # the first call runs before any other thread uses the session (the check was one)
-                self._warm(lengths[:1])
-                lengths = lengths[1:]
-            self.warming = threading.Thread(target=self._warm_then_settle, args=(lengths,), name="warm-pack-shapes",
+                self._warm(shapes[:1])
+                shapes = shapes[1:]
+            self.warming = threading.Thread(target=self._warm_then_settle, args=(shapes,), name="warm-pack-shapes",
                                             daemon=True)
             self.warming.start()
 
@@ -178,28 +178,43 @@ class FrameworkRunnerModel:
                         results[i][name][r] = values[j]
         return results
 
-    def _warm(self, lengths: list[int]) -> bool:
-        """Run each pack length the runner can send (multiples of PACK_MULTIPLE up to max_pack_tokens) once, on
-        every stream; True when all ran. A runtime keeps state per input shape: warmed, memory is at its steady
-        state seconds after load and no request waits for a shape's first run. Started in the background by
-        initialize (warming all 16 shapes at load added seconds to a cold start); requests share the session with
-        it meanwhile."""
-        for length in lengths:
+    def _pack_shapes(self) -> list[tuple[int, int]]:
+        """(pack length, its shortest sentence) of every pack the runner can send: multiples of PACK_MULTIPLE up to
+        max_pack_tokens, and for a session that runs short sentences apart, their packs up to its
+        `short_pack_tokens` and the others' from the first length a longer sentence fills."""
+        lengths = range(PACK_MULTIPLE, self.max_pack_tokens + 1, PACK_MULTIPLE)
+        short, short_pack = self._short_sentences()
+        if not short:
+            return [(length, length) for length in lengths]
+        return [(length, 1) for length in lengths if length <= short_pack] + \
+            [(length, length) for length in lengths if length > short]
+
+    def _short_sentences(self) -> tuple[int, int]:
+        """(tokens, pack tokens): the session runs sentences of at most that many tokens apart, in packs of at most
+        that many tokens; (0, 0) where it runs every sentence alike."""
+        return getattr(self.session, "short_tokens", 0), getattr(self.session, "short_pack_tokens", 0)
+
+    def _warm(self, shapes: list[tuple[int, int]]) -> bool:
+        """Run each pack shape the runner can send (`_pack_shapes`) once, on every stream; True when all ran. A
+        runtime keeps state per input shape: warmed, memory is at its steady state seconds after load and no
+        request waits for a shape's first run. Started in the background by initialize (warming all 16 shapes at
+        load added seconds to a cold start); requests share the session with it meanwhile."""
+        for length, shortest in shapes:
             if self._stop_warming.is_set():
                 return False
             row = {n: np.zeros(length, dtype=np.int64) for n in PACKED_FEATURES if n in self.input_names}
             try:
-                self._run_all([packed_inputs([row], PACK_MULTIPLE)] * self._parallel())
+                self._run_all([packed_inputs([row], PACK_MULTIPLE)] * self._parallel(), [shortest] * self._parallel())
             except Exception as e:  # noqa: BLE001 - not fatal: a request of that shape reports its own error
                 self._log("warn", f"warming pack length {length} failed: {e}")
                 return False
         return True
 
-    def _warm_then_settle(self, lengths: list[int]):
-        """Warm the remaining lengths; once every shape has run, what the process holds for nothing goes back to
+    def _warm_then_settle(self, shapes: list[tuple[int, int]]):
+        """Warm the remaining shapes; once every shape has run, what the process holds for nothing goes back to
         the kernel: the file pages of weights the session now holds in layouts of its own (`warmed`: OpenVINO's),
         then the heap memory that opening, checking and warming freed (`return_freed_heap`)."""
-        if not self._warm(lengths):
+        if not self._warm(shapes):
             return
         released = []
         if hasattr(self.session, "warmed"):
@@ -213,11 +228,14 @@ class FrameworkRunnerModel:
     def _parallel(self) -> int:
         return getattr(self.session, "parallel", 1)
 
-    def _run_all(self, feeds: list[dict]) -> list[dict]:
-        """Every call's outputs, in order; a session that runs several at once gets them all together."""
+    def _run_all(self, feeds: list[dict], shortest: list[int]) -> list[dict]:
+        """Every call's outputs, in order (`shortest`: each call's fewest real tokens in a sentence, for a session that
+        runs short sentences apart); a session that runs several at once gets them all together."""
+        if not self._short_sentences()[0]:
+            return self.session.map(feeds) if self._parallel() > 1 else [self.session(f) for f in feeds]
         if self._parallel() > 1:
-            return self.session.map(feeds)
-        return [self.session(f) for f in feeds]
+            return self.session.map(feeds, shortest)
+        return [self.session(f, n) for f, n in zip(feeds, shortest)]
 
     def _run_packed(self, items):
         """Run the rows of all requests as packs of ≤ max_pack_tokens real tokens (no padding) and put every row
@@ -226,10 +244,12 @@ class FrameworkRunnerModel:
         rows = [(i, r, max(int(mask.sum()), 1)) for i, item in enumerate(items) for r, mask in enumerate(item[MASK])]
         results = [{} for _ in items]
         packs = [[rows[k] for k in group] for group in pack_groups(
-            [length for _, _, length in rows], self.max_pack_tokens, self.max_pack_rows, self._parallel())]
+            [length for _, _, length in rows], self.max_pack_tokens, self.max_pack_rows, self._parallel(),
+            *self._short_sentences())]
         all_feeds = [packed_inputs([{n: items[i][n][r, :length] for n in PACKED_FEATURES if n in items[i]}
                                     for i, r, length in members], PACK_MULTIPLE) for members in packs]
-        for members, outputs in zip(packs, self._run_all(all_feeds)):
+        shortest = [min(length for _, _, length in members) for members in packs]
+        for members, outputs in zip(packs, self._run_all(all_feeds, shortest)):
             for name in self.output_names:
                 values, trimmed = np.asarray(outputs[name]), name in self.trimmed_outputs
                 per_row = unpacked(values, [m[2] for m in members]) if trimmed else values
