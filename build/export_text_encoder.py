@@ -319,15 +319,16 @@ def _cpu_bf16() -> dict[str, bool]:
     return {"native_bf16": bool(flags & {"avx512_bf16", "amx_bf16"})}
 
 
-@producer("text-encoder-openvino-check", libraries=("openvino",), code=(RUNNER_DIR / "openvino_session.py",),
-          environment=_cpu_bf16)
+@producer("text-encoder-openvino-check", libraries=("openvino",),
+          code=(RUNNER_DIR / "openvino_session.py", RUNNER_DIR / "packing.py"), environment=_cpu_bf16)
 def openvino_check(out_dir: Path, source: SentenceTransformerSource, model: Path, precision: str, packed: bool) -> None:
-    """Run the plain or packed export `model` (ONNX, or IR with its weights in 16 or 32 bits) with the runner's
-    OpenVINO session at `precision` (fp32 | bf16) on this CPU and compare its mean-pooled embeddings with PyTorch's.
-    Where this CPU runs bf16 below MIN_EMBEDDING_COSINE, the served encoder reopens at the precision the session
-    names (bf16 up to the middle layer, then fp32: it checks itself at load against `reference.npz`), so those are
-    checked in turn. Writes what this CPU would serve and its smallest cosine to `check.json` and raises when that
-    is below the floor. Where the CPU has no native bf16, OpenVINO runs fp32 and the check says so."""
+    """Run the plain or packed export `model` (ONNX, or IR with its weights in 16 or 32 bits) with the runner's OpenVINO
+    session at `precision` (fp32 | bf16) on this CPU and compare its mean-pooled embeddings with PyTorch's. Where this
+    CPU runs bf16 below MIN_EMBEDDING_COSINE, the served encoder reopens at the precision the session names (bf16 for
+    long sentences only, bf16 up to the middle layer, then fp32: it checks itself at load against `reference.npz`), so
+    those are checked in turn, packed as the runner packs for them. Writes what this CPU would serve and its smallest
+    cosine to `check.json` and raises when that is below the floor. Where the CPU has no native bf16, OpenVINO runs fp32
+    and the check says so."""
     inputs = check_inputs(source)
     reference = mean_pooled(_expected(source, inputs), inputs["attention_mask"], False)
     cosine, ran, fallback = _openvino_cosine(model, precision, inputs, reference, packed)

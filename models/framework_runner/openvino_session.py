@@ -1,4 +1,4 @@
-"""Run an ONNX file or an OpenVINO IR with OpenVINO on the CPU (`precision` bf16, fp32, or `mixed`).
+"""Run an ONNX file or an OpenVINO IR with OpenVINO on the CPU (`precision` bf16, fp32, `mixed` or `bf16-long`).
 
 `mixed` splits a transformer after its middle layer: the first half computes bf16, the rest f32, as two compiled
 models chained per call. Where a CPU's bf16 misses the embedding floor on short texts, that holds it with a margin
@@ -9,16 +9,15 @@ caller says which (`shortest`) and packs short sentences apart (`short_tokens`, 
 names the precision to reopen at when its embeddings miss the floor (`fallback`): bf16 → bf16-long → mixed → fp32,
 which the runner's load-time check and the build's check follow.
 
-One compiled model (two chained, for `mixed`) serves the whole process, with every CPU this process may run on
-(`os.sched_getaffinity`; `threads` > 0 takes fewer): one OpenVINO stream (and infer request) per CPUS_PER_STREAM
-CPUs, at most MAX_STREAMS,
-the threads shared out among them. `map` runs several inputs at once, one per idle request, so a runner that hands
-it a batch as several packs keeps every stream busy from one process. The weights are held once, where one process
-per core held them once per process (docs/performance.md: on 2 CPUs one stream of 2 threads used 6 % less CPU per
-sentence than two single-threaded processes, and 13 % less than two streams, at less than half the memory), and in
-16 bits where the file stores them so (`keep_weights_16bit`). The process maps an IR's weights file itself
-(`WeightsFile`), so that once every input shape has run (`warmed`) it can hand back the pages of the matrix weights,
-which the plugin then holds in layouts of its own.
+One compiled model (two chained, for `mixed`; a third, for `bf16-long`) serves the whole process, with every CPU this
+process may run on (`os.sched_getaffinity`; `threads` > 0 takes fewer): one OpenVINO stream (and infer request) per
+CPUS_PER_STREAM CPUs, at most MAX_STREAMS, the threads shared out among them. `map` runs several inputs at once, one per
+idle request, so a runner that hands it a batch as several packs keeps every stream busy from one process. The weights
+are held once, where one process per core held them once per process (docs/performance.md: on 2 CPUs one stream of 2
+threads used 6 % less CPU per sentence than two single-threaded processes, and 13 % less than two streams, at less than
+half the memory), and in 16 bits where the file stores them so (`keep_weights_16bit`). The process maps an IR's weights
+file itself (`WeightsFile`), so that once every input shape has run (`warmed`) it can hand back the pages of the matrix
+weights, which the plugin then holds in layouts of its own.
 """
 
 from __future__ import annotations

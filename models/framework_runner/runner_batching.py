@@ -88,8 +88,8 @@ class FrameworkRunnerModel:
         """Embed the build's reference texts and compare with the embeddings the build computed with PyTorch. The CPU
         picks the precision (bf16 where it has native bf16, which the build's CPU may not have had): a session whose
         reduced precision falls below the floor here is reopened at the precision it names (`session.fallback`: bf16
-        up to the middle layer, then fp32); one that does not reach it in fp32 refuses to load, as its artifact is
-        not what the build checked."""
+        for long sentences only, bf16 up to the middle layer, then fp32); one that does not reach it in fp32 refuses
+        to load, as its artifact is not what the build checked."""
         with np.load(reference_path) as data:
             reference = {name: data[name] for name in data.files}
         expected, floor = reference.pop("embedding"), float(reference.pop("min_cosine"))
