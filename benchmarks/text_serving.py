@@ -21,7 +21,8 @@ from tritonpack.components import load_model_module
 
 
 class SameEncoderInProcess:
-    """The served repository's tokenizer, encoder runner and pooling, called in this process."""
+    """The served repository's tokenizer, encoder runner and pooling, called in this process (an encoder that reads
+    the text runs its tokenizer here, then its runner, as its own queue does)."""
 
     def __init__(self, repository: Path, model: str = "bert"):
         from google.protobuf.json_format import MessageToDict
@@ -31,8 +32,9 @@ class SameEncoderInProcess:
         encoder_dir = repository / f"{model}_encoder"
         config = parse_config((encoder_dir / "config.pbtxt").read_text())
         params = config_parameters(config)
-        tokenizer_cfg = parse_config((repository / f"{model}_tokenizer" / "config.pbtxt").read_text())
-        tok_params = config_parameters(tokenizer_cfg)
+        # the tokenizer's step, or the encoder's own where it reads the text
+        tokenizer_dir = encoder_dir if "tokenizer" in params else repository / f"{model}_tokenizer"
+        tok_params = config_parameters(parse_config((tokenizer_dir / "config.pbtxt").read_text()))
         self.runtime = f"{params['framework']} {params.get('precision', 'fp32')}" + \
             (f", packed ≤ {params['max_pack_tokens']} tokens" if "max_pack_tokens" in params else "")
         runner = load_model_module("framework_runner", "runner_batching")
@@ -49,7 +51,7 @@ class SameEncoderInProcess:
             self.runner.warming.join()
         self.pool = load_model_module("mean_pooling", "pooling").mean_pool
         tokenizer = load_model_module("tokenizer", "tokenize_text").TextTokenizer
-        self.tokenizer = tokenizer(str(repository / f"{model}_tokenizer" / "1" / "tokenizer.json"),
+        self.tokenizer = tokenizer(str(tokenizer_dir / "1" / "tokenizer.json"),
                                    int(tok_params["max_sequence_length"]), tok_params["pad_token"],
                                    "token_type_ids" in self.runner.input_names)
 

@@ -50,6 +50,10 @@ class TextServing:
     # portable OpenVINO encoder: its IR stores weights in fp16 (half the tarball) or fp32; the build's cosine check
     # decides whether fp16 is good enough
     encoder_weights: str = "fp32"
+    # portable, with pooling: the encoder reads TEXT and tokenizes each request itself, batching requests on its own
+    # instead of through Triton's batcher: one python process and one hop fewer (models/framework_runner/
+    # text_requests.py)
+    encoder_tokenizes: bool = False
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_text_bytes < 1:
@@ -69,6 +73,9 @@ class TextServing:
         if self.encoder_weights not in ENCODER_WEIGHTS:
             raise SpecError(f"TextServing: encoder_weights must be one of {', '.join(ENCODER_WEIGHTS)}, "
                             f"got {self.encoder_weights!r}")
+        if self.encoder_tokenizes and not self.encoder_pooling:
+            raise SpecError("TextServing: encoder_tokenizes needs encoder_pooling (the encoder's answer is then the "
+                            "embedding)")
         if self.encoder_weights != "fp32" and self.encoder_runtime != "openvino":
             raise SpecError(f"TextServing: encoder_weights {self.encoder_weights} needs encoder_runtime=openvino")
 

@@ -1,14 +1,18 @@
 """A small API-faithful stand-in for `triton_python_backend_utils`, for unit tests of model.py outside a server.
 
-Only what our models use: Tensor, InferenceRequest inputs, InferenceResponse, TritonError with codes, Logger.
+Only what our models use: Tensor, InferenceRequest inputs and response sender, InferenceResponse, TritonError with
+codes, Logger.
 `tests/model_folders.py` loads model.py files with it (the `python_model` fixture).
 """
 
 from __future__ import annotations
 
+import threading
 import types
 
 import numpy as np
+
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 
 
 class TritonError(Exception):
@@ -36,12 +40,38 @@ class Tensor:
         return self._array
 
 
+class InferenceResponseSender:
+    """As the python backend's: one response with the FINAL flag for a model that is not decoupled; a send after the
+    final one raises. `wait` (test only) returns what was sent once the final flag came."""
+
+    def __init__(self):
+        self.responses: list = []
+        self._final = threading.Event()
+
+    def send(self, response=None, flags: int = 0) -> None:
+        if self._final.is_set():
+            raise TritonError("Unable to send response. Response sender has been closed.")
+        if response is not None:
+            self.responses.append(response)
+        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self._final.set()
+
+    def wait(self, timeout: float = 60.0):
+        assert self._final.wait(timeout), "no final response"
+        (response,) = self.responses
+        return response
+
+
 class InferenceRequest:
     def __init__(self, inputs: list[Tensor]):
         self._inputs = inputs
+        self._sender = InferenceResponseSender()
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        return self._sender
 
 
 class InferenceResponse:
@@ -82,6 +112,6 @@ def module() -> types.ModuleType:
     """This fake as a module object, to stand in for `triton_python_backend_utils`."""
     fake = types.ModuleType("triton_python_backend_utils")
     for name in ("TritonError", "Tensor", "InferenceRequest", "InferenceResponse", "Logger",
-                 "get_input_tensor_by_name"):
+                 "get_input_tensor_by_name", "TRITONSERVER_RESPONSE_COMPLETE_FINAL"):
         setattr(fake, name, globals()[name])
     return fake

@@ -42,6 +42,8 @@ def fake_server() -> Iterator:
             model = module.TritonPythonModel()
             model.initialize({"model_config": config_json(folder), "model_repository": str(root / name),
                               "model_version": "1", "model_name": name})
+            if hasattr(model, "finalize"):  # as Triton unloads it; a model's own threads stop
+                stack.callback(model.finalize)
             return model
 
         yield load_model

@@ -27,8 +27,13 @@ def _texts(*texts: bytes) -> InferenceRequest:
     return InferenceRequest([Tensor("TEXT", np.array([[t] for t in texts], dtype=object))])
 
 
-def test_tokenizer_model_fails_only_the_bad_request_when_batch_mixes_valid_and_invalid(bert, python_model):
-    model = python_model(bert["bert_tokenizer"])
+@pytest.fixture(scope="module")
+def tokenizer(model_folders):
+    return model_folders("bert", "cpu")["bert_tokenizer"]  # portable bert tokenizes in its encoder
+
+
+def test_tokenizer_model_fails_only_the_bad_request_when_batch_mixes_valid_and_invalid(tokenizer, python_model):
+    model = python_model(tokenizer)
     responses = model.execute([_texts(b"hello"), _texts(b"\xc3\x28"), _texts(b"a longer sentence", b"")])
     assert [r.has_error() for r in responses] == [False, True, False]
     assert responses[1].error().code() == TritonError.INVALID_ARG
@@ -38,29 +43,137 @@ def test_tokenizer_model_fails_only_the_bad_request_when_batch_mixes_valid_and_i
     assert set(first) == {"input_ids", "attention_mask", "token_type_ids"}
 
 
-def test_tokenizer_model_reports_missing_input_when_request_lacks_text(bert, python_model):
-    model = python_model(bert["bert_tokenizer"])
+def test_tokenizer_model_reports_missing_input_when_request_lacks_text(tokenizer, python_model):
+    model = python_model(tokenizer)
     (response,) = model.execute([InferenceRequest([])])
     assert response.error().code() == TritonError.INVALID_ARG
     assert "input TEXT is missing" in response.error().message()
 
 
-def test_encoder_runner_equals_separate_runs_when_requests_have_different_lengths(bert, python_model):
-    tokenizer, encoder = python_model(bert["bert_tokenizer"]), python_model(bert["bert_encoder"])
-    tokens = [{t.name(): t.as_numpy() for t in r.output_tensors()}
-              for r in tokenizer.execute([_texts(b"short"), _texts(b"a much longer sentence than that", b"x")])]
-    requests = [InferenceRequest([Tensor(n, a) for n, a in t.items()]) for t in tokens]
-    together = [r.output_tensors()[0].as_numpy() for r in encoder.execute(requests)]
-    alone = [encoder.execute([r])[0].output_tensors()[0].as_numpy() for r in requests]
-    for t, a, tok in zip(together, alone, tokens):
-        assert t.shape == a.shape == (len(tok["input_ids"]), 384)  # the packed encoder pools: one row per text
+def _answers(model, requests: list[InferenceRequest]) -> list:
+    """The responses a model that answers through each request's sender gives (its execute returns None)."""
+    assert model.execute(requests) is None
+    return [r.get_response_sender().wait() for r in requests]
+
+
+def _embedding(response) -> np.ndarray:
+    assert not response.has_error(), response.error().message()
+    return response.output_tensors()[0].as_numpy()
+
+
+def test_text_encoder_equals_separate_runs_when_requests_of_different_lengths_batch_together(bert, python_model):
+    encoder = python_model(bert["bert_encoder"])
+    texts = [(b"short",), (b"a much longer sentence than that", b"x"), (b"",)]
+    together = [_embedding(r) for r in _answers(encoder, [_texts(*t) for t in texts])]
+    alone = [_embedding(_answers(encoder, [_texts(*t)])[0]) for t in texts]
+    for t, a, request in zip(together, alone, texts):
+        assert t.shape == a.shape == (len(request), 384)  # the packed encoder pools: one row per text
         np.testing.assert_allclose(t, a, atol=EMBEDDING_ATOL)  # bf16: packed with others or alone, nearly equal
         assert_embeddings_match(t, a)
 
 
-def test_packed_encoder_fails_only_the_request_whose_mask_is_not_right_padded(bert, python_model):
+class _HeldBatches:
+    """Wraps a runner's packed path: the first batch waits until `release`; records each batch's request count."""
+
+    def __init__(self, model):
+        import threading
+
+        self.sizes, self.entered, self._release = [], threading.Event(), threading.Event()
+        run = model._run_packed
+
+        def held(items):
+            self.sizes.append(len(items))
+            self.entered.set()
+            assert self._release.wait(60)
+            return run(items)
+
+        model._run_packed = held
+
+    def release(self):
+        self._release.set()
+
+
+def test_text_encoder_runs_requests_queued_while_it_computes_as_one_batch_when_they_arrive_one_by_one(
+        bert, python_model):
+    """Triton hands the encoder one request per execute (the step reading client bytes runs each request alone); the
+    runner batches them itself: eight requests that arrive while a batch runs are embedded together next."""
     encoder = python_model(bert["bert_encoder"])
-    assert "max_pack_tokens" in dict(bert["bert_encoder"].spec.parameters)
+    held = _HeldBatches(encoder)
+    first = _texts(b"the first request")
+    assert encoder.execute([first]) is None
+    assert held.entered.wait(60)
+    later = [_texts(f"sentence number {i}".encode()) for i in range(8)]
+    for request in later:
+        assert encoder.execute([request]) is None  # returns at once: queued
+    held.release()
+    embeddings = [_embedding(r.get_response_sender().wait()) for r in [first, *later]]
+    assert held.sizes == [1, 8]
+    assert_embeddings_match(np.concatenate(embeddings[1:]),
+                            np.concatenate([_embedding(_answers(encoder, [r])[0])
+                                            for r in [_texts(f"sentence number {i}".encode()) for i in range(8)]]))
+
+
+def test_text_encoder_fails_only_the_bad_request_when_queued_with_valid_ones(bert, python_model):
+    encoder = python_model(bert["bert_encoder"])
+    responses = _answers(encoder, [_texts(b"hello"), _texts(b"\xc3\x28"), InferenceRequest([]),
+                                   _texts(b"x" * 70000), _texts(b"a longer sentence", b"")])
+    assert [r.has_error() for r in responses] == [False, True, True, True, False]
+    assert {r.error().code() for r in responses[1:4]} == {TritonError.INVALID_ARG}
+    assert "not valid UTF-8" in responses[1].error().message()
+    assert "input TEXT is missing" in responses[2].error().message()
+    assert "exceeds the limit of 65536" in responses[3].error().message()
+    assert _embedding(responses[4]).shape == (2, 384)
+
+
+def test_text_encoder_answers_each_request_alone_when_its_batch_fails(bert, python_model):
+    """A batch that fails in the framework is run again request by request, so only the culprit gets the error."""
+    encoder = python_model(bert["bert_encoder"])
+    run = encoder._run_packed
+
+    def failing_on_poison(items):
+        if any(len(item["input_ids"]) == 2 for item in items):  # the request of two texts
+            raise RuntimeError("the framework failed")
+        return run(items)
+
+    encoder._run_packed = failing_on_poison
+    held = _HeldBatches(encoder)
+    first = _texts(b"the first request")
+    encoder.execute([first])
+    assert held.entered.wait(60)
+    queued = [_texts(b"hello there"), _texts(b"poison", b"pill"), _texts(b"goodbye")]
+    for request in queued:
+        encoder.execute([request])
+    held.release()
+    responses = [r.get_response_sender().wait() for r in [first, *queued]]
+    assert [r.has_error() for r in responses] == [False, False, True, False]
+    assert responses[2].error().code() == TritonError.INTERNAL
+    assert "the framework failed" in responses[2].error().message()
+
+
+def test_text_encoder_answers_what_is_queued_before_it_unloads(bert, python_model):
+    encoder = python_model(bert["bert_encoder"])
+    held = _HeldBatches(encoder)
+    requests = [_texts(b"the first request")] + [_texts(f"queued {i}".encode()) for i in range(3)]
+    encoder.execute(requests[:1])
+    assert held.entered.wait(60)
+    encoder.execute(requests[1:])
+    held.release()
+    encoder.finalize()
+    assert all(_embedding(r.get_response_sender().wait(timeout=0)).shape == (1, 384) for r in requests)
+    late = _texts(b"after unloading")
+    encoder.execute([late])
+    assert late.get_response_sender().wait().error().code() == TritonError.UNAVAILABLE
+
+
+@pytest.fixture(scope="module")
+def token_encoder(model_folders):
+    """portable bert's encoder as it reads token tensors from a tokenizer step (`encoder_tokenizes=false`)."""
+    return model_folders("bert", "portable", serving=(("encoder_tokenizes", "false"),))["bert_encoder"]
+
+
+def test_packed_encoder_fails_only_the_request_whose_mask_is_not_right_padded(token_encoder, python_model):
+    encoder = python_model(token_encoder)
+    assert "max_pack_tokens" in dict(token_encoder.spec.parameters)
 
     def request(ids, mask):
         ids = np.array([ids], dtype=np.int64)
@@ -115,7 +228,7 @@ def test_encoder_runner_refuses_to_load_when_its_artifact_is_not_what_the_refere
 
 @pytest.mark.parametrize("drifting", [("bf16",), ("bf16", "bf16-long"), ("bf16", "bf16-long", "mixed")])
 def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_drifts_below_the_floor(
-        bert, tmp_path, drifting):
+        token_encoder, tmp_path, drifting):
     """Stand-in drifting sessions (the real session plus noise, reporting the precision a CPU with bf16 computes):
     no CPU here is known to drift on the reference texts every time. The session each falls back to is real."""
     from tests.fake_pb_utils import Logger, module
@@ -123,7 +236,7 @@ def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_dri
 
     runner = load_model_module("framework_runner", "runner_batching")
     openvino = load_model_module("framework_runner", "openvino_session")
-    folder = bert["bert_encoder"]
+    folder = token_encoder
     link_files(folder, tmp_path)
     opened = []
 
@@ -168,11 +281,14 @@ folder, config = sys.argv[1:]
 sys.path.insert(0, folder + "/1")
 import openvino_session
 import runner_batching
+from tests import fake_pb_utils
 
 messages = []
 
 
 class Runner(runner_batching.FrameworkRunnerModel):
+    pb_utils = fake_pb_utils.module()
+
     def open_session(self, path, params):
         return openvino_session.open_session(path, params)
 

@@ -67,9 +67,11 @@ def test_served_ensemble_gives_same_results_when_eight_clients_run_concurrently(
         results = list(pool.map(one_client, range(8)))
     for rows in results:
         assert_matches(rows, reference)
-    stats = http.InferenceServerClient(server.url).get_inference_statistics(f"{name}_encoder")
-    batches = stats["model_stats"][0]["batch_stats"]
-    assert any(b["batch_size"] > 1 for b in batches), "concurrent requests were never batched together"
+    if name == "bert_pt":  # Triton batches its encoder; portable bert's batches its requests itself, proven in
+        # test_model_adapters (Triton's statistics count one request per execute there)
+        stats = http.InferenceServerClient(server.url).get_inference_statistics(f"{name}_encoder")
+        batches = stats["model_stats"][0]["batch_stats"]
+        assert any(b["batch_size"] > 1 for b in batches), "concurrent requests were never batched together"
 
 
 def _post(url: str, body: dict) -> tuple[int, str]:
@@ -118,7 +120,7 @@ def test_served_encoder_checked_its_embeddings_against_the_build_reference_when_
     import re
 
     server = served("bert")
-    lines = re.findall(r"reference texts: min cosine ([\d.]+) to the build's \((bf16|bf16\+f32|f32)\)",
+    lines = re.findall(r"reference texts: min cosine ([\d.]+) to the build's \((f32|bf16[^)]*)\)",
                        server.log_path.read_text())
     assert len(lines) == 1, f"one check per loaded encoder in {server.log_path}"
     assert float(lines[0][0]) >= 0.9999

@@ -8,12 +8,14 @@ requests. Rows of similar real length (from `attention_mask`, else whole request
 packing.py) rows are not padded at all: up to that many real tokens (and `max_pack_rows` sentences) run as one
 sequence, and a session that runs several calls at once (`parallel` > 1, `map`: OpenVINO's infer requests on one
 compiled model) gets each batch as that many packs together. With a `reference` file (the build's texts and their
-PyTorch embeddings) the runner checks itself at load on the CPU it runs on (`_check_reference`).
+PyTorch embeddings) the runner checks itself at load on the CPU it runs on (`_check_reference`). With a `tokenizer`
+the runner reads TEXT and batches requests itself (text_requests.py).
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 import threading
@@ -60,14 +62,22 @@ class FrameworkRunnerModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        self.input_names = [i["name"] for i in config["input"]]
-        self.ragged = any(i.get("allow_ragged_batch") for i in config["input"])
+        folder = os.path.join(args["model_repository"], args["model_version"])
         self.output_names = [o["name"] for o in config["output"]]
+        self.text = None
+        if params.get("tokenizer"):  # reads TEXT: tokenizes each request, batches them itself
+            self.input_names, self.ragged = params["token_inputs"].split(","), True
+            if self.pb_utils is not None:  # in Triton; in-process callers (the bench) run token tensors through _run
+                self.text = importlib.import_module("text_requests").TextRequests(
+                    self.pb_utils, config, params, os.path.join(folder, params["tokenizer"]), self._run,
+                    self.output_names)
+        else:
+            self.input_names = [i["name"] for i in config["input"]]
+            self.ragged = any(i.get("allow_ragged_batch") for i in config["input"])
         self.max_padding_waste = float(params.get("max_padding_waste", MAX_PADDING_WASTE))
         self.trimmed_outputs = {o["name"] for o in config["output"] if self.ragged and int(o["dims"][0]) == -1}
         self.max_pack_tokens = int(params.get("max_pack_tokens", "0"))
         self.max_pack_rows = int(params.get("max_pack_rows", "0"))
-        folder = os.path.join(args["model_repository"], args["model_version"])
         path = os.path.join(folder, params["artifact"])
         self.session = self.open_session(path, params)
         checked = bool(params.get("reference"))
@@ -119,11 +129,15 @@ class FrameworkRunnerModel:
             getattr(self.pb_utils.Logger, f"log_{level}")(message)
 
     def finalize(self):
+        if self.text is not None:  # what is queued is answered first
+            self.text.close()
         if self.warming is not None:
             self._stop_warming.set()
             self.warming.join()
 
     def execute(self, requests):
+        if self.text is not None:
+            return self.text.execute(requests)  # None: each request is answered through its sender
         pb = self.pb_utils
         return respond_all(pb, requests, self._parse, self._run,
                            lambda outputs: [pb.Tensor(n, outputs[n]) for n in self.output_names], pb.Logger)

@@ -26,6 +26,7 @@ SHARED_DIR = MODELS_DIR / "shared"
 TARGETS = ("gpu", "cpu", "portable")
 VERSION = "1"
 REFERENCE_FILENAME = "reference.npz"  # beside a portable runner's artifact: what it checks itself against at load
+TOKENIZER_FILENAME = "tokenizer.json"  # a text model's tokenizer, copied into its version folder
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,21 @@ def framework_model(name: str, artifact: Artifact, target: str, inputs: tuple[Te
                      **({"parameters": parameters} if parameters else {}), **dict(kind.native), **common,
                      cc_model_filenames=per_gpu, **native_options)
     return ModelFolder(spec, {**artifact.files(), **extra})
+
+
+def reading_text(runner: ModelFolder, text: Tensor, tokenizer: Path, parameters: Mapping[str, str],
+                 batch_requests: bool = True) -> ModelFolder:
+    """A portable framework runner that takes `text` instead of token tensors and tokenizes each request itself with
+    `tokenizer` (a `tokenizer.json`; `parameters`: the tokenizer step's), batching requests on its own
+    (models/framework_runner/text_requests.py): Triton's batcher is off, since the step reading client bytes must
+    get one request at a time."""
+    token_inputs = ",".join(t.name for t in runner.spec.inputs)
+    spec = replace(runner.spec, inputs=(text,), dynamic_batching=None,
+                   parameters={**dict(runner.spec.parameters), **parameters, "tokenizer": TOKENIZER_FILENAME,
+                               "token_inputs": token_inputs, "batch_requests": str(batch_requests).lower()})
+    sources = model_sources("framework_runner", ("text_requests",))
+    files = {**runner.files, **{f"{VERSION}/{name}": path for name, path in sources.items()}}
+    return ModelFolder(spec, {**files, f"{VERSION}/{TOKENIZER_FILENAME}": tokenizer})
 
 
 @dataclass(frozen=True)

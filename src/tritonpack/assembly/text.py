@@ -17,7 +17,16 @@ from tritonpack.build.export_text_encoder import (
 )
 from tritonpack.build.text_source import SentenceTransformerSource
 from tritonpack.cache import ArtifactCache
-from tritonpack.components import Artifact, ModelFolder, StepSettings, framework_model, given_plans, python_model
+from tritonpack.components import (
+    TOKENIZER_FILENAME,
+    Artifact,
+    ModelFolder,
+    StepSettings,
+    framework_model,
+    given_plans,
+    python_model,
+    reading_text,
+)
 from tritonpack.ensembles.text import TextRecipe, TextServing
 from tritonpack.errors import SpecError
 from tritonpack.spec import EnsembleStep, InstanceGroup, ModelSpec, Tensor
@@ -39,7 +48,19 @@ def assemble(recipe: TextRecipe, request, cache: ArtifactCache) -> list[ModelFol
         StepSettings(serving.max_batch_size, serving.batching(), serving.encoder_instances, serving.encoder_threads,
                      serving.encoder_pack_tokens, serving.encoder_pack_rows),
     )
+    if serving.encoder_tokenizes:
+        if request.target != "portable":
+            raise SpecError(f"encoder_tokenizes is for the portable target: {request.target} runs its encoder on a "
+                            f"native backend, which reads token tensors")
+        encoder = reading_text(encoder, contracts.text_input(), source.path / TOKENIZER_FILENAME,
+                               tokenizer_parameters(source, serving), serving.dynamic_batching)
     return text_ensemble(recipe.name, source, encoder, serving, request.io_names or contracts.TEXT)
+
+
+def tokenizer_parameters(source: SentenceTransformerSource, serving: TextServing) -> dict[str, str]:
+    """What the python code that tokenizes reads from its config (models/shared/tokenize_text.py)."""
+    return {"max_sequence_length": str(source.max_seq_length), "pad_token": source.pad_token,
+            "max_text_bytes": str(serving.max_text_bytes)}
 
 
 def encoder_artifact(fmt: str, target: str, source: SentenceTransformerSource, serving: TextServing, fp16: bool,
@@ -90,22 +111,25 @@ def text_profiles(source: SentenceTransformerSource, max_batch_size: int) -> tup
 
 def text_ensemble(name: str, source: SentenceTransformerSource, encoder: ModelFolder, serving: TextServing,
                   io: contracts.IoNames = contracts.TEXT) -> list[ModelFolder]:
-    """[ensemble, tokenizer, encoder(, pooling)]; the ensemble's public tensors are named by `io`."""
+    """[ensemble, tokenizer, encoder(, pooling)], or [ensemble, encoder] where the encoder reads the text; the
+    ensemble's public tensors are named by `io`."""
     batching = serving.batching()
     token_tensors = source.encoder_inputs()
     embedding = source.embedding_output()
     text = contracts.text_input()
+    if encoder.spec.inputs == (text,):
+        step = EnsembleStep(encoder.spec.name, {text.name: io.input}, {embedding.name: io.output})
+        return [_ensemble(name, source, serving, io, (step,)), encoder]
     tokenizer = python_model(
         ModelSpec(
             name=f"{name}_tokenizer", backend="python", max_batch_size=serving.max_batch_size,
             inputs=(text,), outputs=token_tensors,
             instance_group=(InstanceGroup("KIND_CPU", serving.tokenizer_instances),),
             dynamic_batching=batching if serving.tokenizer_batching else None,
-            parameters={"max_sequence_length": str(source.max_seq_length), "pad_token": source.pad_token,
-                        "max_text_bytes": str(serving.max_text_bytes)},
+            parameters=tokenizer_parameters(source, serving),
         ),
         "tokenizer",
-        {"1/tokenizer.json": source.path / "tokenizer.json"},
+        {f"1/{TOKENIZER_FILENAME}": source.path / TOKENIZER_FILENAME},
     )
     token_map = {t.name: t.name for t in token_tensors}
     steps = [EnsembleStep(tokenizer.spec.name, {text.name: io.input}, token_map)]
@@ -127,9 +151,12 @@ def text_ensemble(name: str, source: SentenceTransformerSource, encoder: ModelFo
         steps += [EnsembleStep(encoder.spec.name, token_map, {encoder.spec.outputs[0].name: TOKEN_EMBEDDINGS}),
                   EnsembleStep(pooling.spec.name, pooling_inputs, {embedding.name: io.output})]
         models.append(pooling)
-    ensemble = ModelFolder(ModelSpec(
+    return [_ensemble(name, source, serving, io, tuple(steps)), *models]
+
+
+def _ensemble(name: str, source: SentenceTransformerSource, serving: TextServing, io: contracts.IoNames,
+              steps: tuple[EnsembleStep, ...]) -> ModelFolder:
+    return ModelFolder(ModelSpec(
         name=name, platform="ensemble", max_batch_size=serving.max_batch_size,
-        inputs=(contracts.text_input(io.input),), outputs=(source.embedding_output(io.output),),
-        ensemble_steps=tuple(steps),
+        inputs=(contracts.text_input(io.input),), outputs=(source.embedding_output(io.output),), ensemble_steps=steps,
     ))
-    return [ensemble, *models]

@@ -202,13 +202,14 @@ def _model_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: 
     return problems
 
 
-RUNNER_FILE_PARAMETERS = ("artifact", "reference")  # files tritonpack's runners open at initialize
+RUNNER_FILE_PARAMETERS = ("artifact", "reference", "tokenizer")  # files tritonpack's runners open at initialize
 RUNNER_FILE_MISSING = "missing: the python model opens this file from its version folder at load"
 
 
 def _runner_files(cfg) -> dict[str, str]:
-    """A portable runner's `artifact` (the ONNX, IR, TorchScript, graphdef or DALI file it runs) and `reference`
-    (what the encoder checks itself against), by parameter: each must be in each version folder."""
+    """A portable runner's `artifact` (the ONNX, IR, TorchScript, graphdef or DALI file it runs), `reference` (what
+    the encoder checks itself against) and `tokenizer` (a runner that reads text), by parameter: each must be in each
+    version folder."""
     params = config_parameters(cfg)
     return {key: params[key] for key in RUNNER_FILE_PARAMETERS if params.get(key)}
 

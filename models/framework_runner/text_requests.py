@@ -1,0 +1,122 @@
+"""A framework runner that reads `TEXT` itself: the tokenizer's step and the encoder's in one process.
+
+Triton's python backend fails every request of a dynamic batch when one of them carries malformed BYTES framing
+(README, "Reliability"), so the step that reads client bytes runs without Triton's batcher: `execute` gets one
+request at a time. It decodes and tokenizes that request, queues it with its response sender and returns None (a
+model that is not decoupled may answer later through the sender, once); one thread takes everything queued, runs
+the encoder on it as one batch and answers each request. Requests are thus batched here instead of by Triton, and a
+text costs one python process and one hop fewer than a tokenizer step in front of the encoder
+(docs/performance.md, twenty-second round).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from batched_requests import ClientError, read_input, respond_all
+from tokenize_text import TextTokenizer, decode_texts
+
+
+class RequestQueue:
+    """Items queued one request at a time, answered in batches by one thread of its own.
+
+    `answer(items)` returns one response per item (a failing item answers for itself: `respond_all`); `send(sender,
+    response)` delivers one. A batch takes everything queued, in arrival order, up to `max_rows` rows (a larger
+    item goes alone) and, with `max_items`, that many items. `close` answers what is queued, then stops the thread."""
+
+    def __init__(self, answer: Callable[[list], list], send: Callable[[object, object], None], max_rows: int,
+                 max_items: int = 0, on_error: Callable[[str], None] = print):
+        self._answer, self._send, self._on_error = answer, send, on_error
+        self._max_rows, self._max_items = max_rows, max_items
+        self._queue: deque[tuple[object, int, object]] = deque()
+        self._ready = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="request-batches", daemon=True)
+        self._thread.start()
+
+    def put(self, item, rows: int, sender) -> None:
+        with self._ready:
+            if self._closed:
+                raise RuntimeError("the model is unloading")
+            self._queue.append((item, rows, sender))
+            self._ready.notify()
+
+    def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            self._ready.notify()
+        self._thread.join()
+
+    def _next_batch(self) -> list[tuple[object, int, object]]:
+        with self._ready:
+            self._ready.wait_for(lambda: self._queue or self._closed)
+            batch, rows = [], 0
+            while self._queue and (not batch or (rows + self._queue[0][1] <= self._max_rows
+                                                  and not 0 < self._max_items <= len(batch))):
+                batch.append(self._queue.popleft())
+                rows += batch[-1][1]
+            return batch
+
+    def _serve(self) -> None:
+        while batch := self._next_batch():
+            try:
+                responses = self._answer([item for item, _, _ in batch])
+            except Exception as e:  # noqa: BLE001 - answer() isolates failing items; this is a bug, not a request's
+                self._on_error(f"answering a batch of {len(batch)} failed: {type(e).__name__}: {e}")
+                responses = [e] * len(batch)
+            for (_, _, sender), response in zip(batch, responses):
+                try:
+                    self._send(sender, response)
+                except Exception as e:  # noqa: BLE001 - one lost client must not stop the others' answers
+                    self._on_error(f"sending a response failed: {type(e).__name__}: {e}")
+
+
+class TextRequests:
+    """`execute` for a runner whose config reads TEXT (TYPE_STRING [1], batched) and whose parameters name the
+    tokenizer (`tokenizer`: its file in the version folder, `token_inputs`: what the encoder reads, in order,
+    `max_sequence_length`, `pad_token`, `max_text_bytes`; `batch_requests` false: each request runs alone).
+    `run(items)` embeds a batch of tokenized requests."""
+
+    def __init__(self, pb_utils, config: dict, params: dict[str, str], tokenizer_path: str, run: Callable,
+                 output_names: list[str]):
+        self._pb = pb_utils
+        self.text_name = config["input"][0]["name"]
+        token_names = params["token_inputs"].split(",")
+        self._max_rows = int(config["max_batch_size"])
+        self._max_text_bytes = int(params["max_text_bytes"])
+        self._tokenizer = TextTokenizer(tokenizer_path, max_length=int(params["max_sequence_length"]),
+                                        pad_token=params["pad_token"],
+                                        with_token_type_ids="token_type_ids" in token_names)
+        pb = pb_utils
+
+        def answer(items: list) -> list:
+            return respond_all(pb, items, lambda item: item, run,
+                               lambda outputs: [pb.Tensor(n, outputs[n]) for n in output_names], pb.Logger)
+
+        alone = params.get("batch_requests", "true") == "false"
+        self._queue = RequestQueue(answer, self._send, self._max_rows, 1 if alone else 0, pb.Logger.log_error)
+
+    def execute(self, requests) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                texts = decode_texts(read_input(self._pb, request, self.text_name), self._max_text_bytes,
+                                     self._max_rows)
+                self._queue.put(self._tokenizer.per_request([texts])[0], len(texts), sender)
+            except ClientError as e:
+                self._send(sender, self._error(str(e), self._pb.TritonError.INVALID_ARG))
+            except RuntimeError as e:  # unloading
+                self._send(sender, self._error(str(e), self._pb.TritonError.UNAVAILABLE))
+
+    def close(self) -> None:
+        self._queue.close()
+
+    def _send(self, sender, response) -> None:
+        if isinstance(response, Exception):
+            response = self._error(f"{type(response).__name__}: {response}", self._pb.TritonError.INTERNAL)
+        sender.send(response, flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _error(self, message: str, code):
+        return self._pb.InferenceResponse(output_tensors=[], error=self._pb.TritonError(message, code))
