@@ -94,10 +94,11 @@ def serve(url: str, work: list[tuple[str, str]]) -> None:
 def loaded_ladder(bench, mme, targets: list[str], texts: list[str], vocabulary: list[str]) -> dict:
     """Load the targets in steps (1, 4, 8 …; the first is loaded already), serve the corpus, let the group settle,
     measure; then the vocabulary to each copy loaded in that step, settle, measure again (the step's figure).
-    `stub_processes_started` counts every stub pid seen: 2 per copy, and 2 more for each copy Triton reloads while
-    loading the next (copies share step names; a copy whose stubs wrote bytecode into its folders is reloaded once,
-    docs/performance.md, sixteenth round), when memory briefly holds one copy more; the ladder stops before copy k
-    where the machine has less than k copies' memory free (a wide margin)."""
+    `stub_processes_started` counts every stub pid seen: one per python step of each copy (the default bert has one),
+    and as many more for each copy Triton reloads while loading the next (copies share step names; a copy whose stubs
+    wrote bytecode into its folders is reloaded once, docs/performance.md, sixteenth round), when memory briefly holds
+    one copy more; the ladder stops before copy k where the machine has less than k copies' memory free (a wide
+    margin)."""
     s, server = bench.settings, mme.triton.server
     steps, first_answer_s, loaded, stopped = {}, {targets[0]: None}, 1, None
     for n in s.loaded_copies:

@@ -153,8 +153,9 @@ def _memory_table(mme: dict, title: str) -> list[str]:
     lines += ["", f"Each step: {memory['requests_per_step']} corpus requests over the loaded copies (PSS before the "
                   f"step's vocabulary), then every whole word of the vocabulary ({memory['vocabulary_words']}) once to "
                   "each copy loaded in that step, as varied traffic reads the embedding table over time (PSS and RSS "
-                  "summed). Stubs seen: python stub processes seen since the server started (2 per copy; 2 more for "
-                  "each copy Triton reloaded: docs/performance.md, sixteenth round)."]
+                  "summed). Stubs seen: python stub processes seen since the server started (one per python step "
+                  "of each copy, and as many more for each copy Triton reloaded: docs/performance.md, sixteenth "
+                  "round)."]
     cold = ", ".join(f"{r['first_answer_s']:.2f}" for r in mme["cold_start"]["runs"])
     stock = ", ".join(f"{r['first_answer_s']:.2f}" for r in mme["cold_start"]["stock_endpoint"]["runs"])
     lines += ["", f"First model {memory['first_model_pss_mb']:.0f} MB beyond the server alone; each additional "

@@ -119,5 +119,5 @@ def test_request_queue_answers_what_is_queued_then_refuses_new_items_when_closed
     recorder.released.set()
     closing.join(30)
     assert recorder.sent == {"first": 0, "queued": 10}
-    with pytest.raises(RuntimeError, match="unloading"):
+    with pytest.raises(RuntimeError, match="unloading"):  # Closed
         queue.put(2, 1, "late")

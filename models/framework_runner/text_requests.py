@@ -19,6 +19,10 @@ from batched_requests import ClientError, read_input, respond_all
 from tokenize_text import TextTokenizer, decode_texts
 
 
+class Closed(RuntimeError):
+    """The queue takes no more items: the model is unloading."""
+
+
 class RequestQueue:
     """Items queued one request at a time, answered in batches by one thread of its own.
 
@@ -39,7 +43,7 @@ class RequestQueue:
     def put(self, item, rows: int, sender) -> None:
         with self._ready:
             if self._closed:
-                raise RuntimeError("the model is unloading")
+                raise Closed("the model is unloading")
             self._queue.append((item, rows, sender))
             self._ready.notify()
 
@@ -107,8 +111,11 @@ class TextRequests:
                 self._queue.put(self._tokenizer.per_request([texts])[0], len(texts), sender)
             except ClientError as e:
                 self._send(sender, self._error(str(e), self._pb.TritonError.INVALID_ARG))
-            except RuntimeError as e:  # unloading
+            except Closed as e:
                 self._send(sender, self._error(str(e), self._pb.TritonError.UNAVAILABLE))
+            except Exception as e:  # noqa: BLE001 - this request's own failure: answered, never raised to the stub
+                self._pb.Logger.log_error(f"reading a request failed: {type(e).__name__}: {e}")
+                self._send(sender, e)
 
     def close(self) -> None:
         self._queue.close()
