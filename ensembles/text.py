@@ -75,7 +75,7 @@ class TextServing:
                             f"got {self.encoder_weights!r}")
         if self.encoder_tokenizes and not self.encoder_pooling:
             raise SpecError("TextServing: encoder_tokenizes needs encoder_pooling (the encoder's answer is then the "
-                            "embedding)")
+                            "embedding); add --serving encoder_tokenizes=false")
         if self.encoder_weights != "fp32" and self.encoder_runtime != "openvino":
             raise SpecError(f"TextServing: encoder_weights {self.encoder_weights} needs encoder_runtime=openvino")
 

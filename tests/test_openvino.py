@@ -433,6 +433,7 @@ def test_portable_openvino_runner_gets_the_ir_and_its_weights_file_when_built(tm
     (lambda p: TextServing(encoder_precision="bf16"), "encoder_precision bf16 needs encoder_runtime=openvino"),
     (lambda p: TextServing(encoder_pack_rows=64), "encoder_pack_rows are the pooled export's sentence slots"),
     (lambda p: TextServing(encoder_weights="int8"), "encoder_weights must be one of fp32, fp16"),
+    (lambda p: TextServing(encoder_tokenizes=True), "needs encoder_pooling .*encoder_tokenizes=false"),
     (lambda p: TextServing(encoder_weights="fp16"), "encoder_weights fp16 needs encoder_runtime=openvino"),
     (lambda p: TextServing().with_overrides({"encoder_precision": "int8", "encoder_runtime": "openvino"}),
      "openvino runs precision"),
@@ -459,7 +460,8 @@ def test_bert_serves_with_onnxruntime_when_encoder_runtime_is_overridden(test_di
     (dist / "cache").symlink_to(test_dist / "cache")
     serving = (("encoder_runtime", "onnxruntime"), ("encoder_precision", "fp32"), ("encoder_weights", "fp32"),
                ("encoder_pack_tokens", pack_tokens), ("encoder_pooling", str(pack_tokens != "0")),
-               ("encoder_pack_rows", "64" if pack_tokens != "0" else "0"))
+               ("encoder_pack_rows", "64" if pack_tokens != "0" else "0"),
+               ("encoder_tokenizes", str(pack_tokens != "0")))  # only the pooled export answers with the embedding
     result = build(BuildRequest("bert", "portable", dist=dist, serving=serving, env=False))
     params = parse_config((result.repository / "bert_encoder" / "config.pbtxt").read_text()).parameters
     assert params["framework"].string_value == "onnxruntime" and "precision" not in params

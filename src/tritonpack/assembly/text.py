@@ -48,10 +48,7 @@ def assemble(recipe: TextRecipe, request, cache: ArtifactCache) -> list[ModelFol
         StepSettings(serving.max_batch_size, serving.batching(), serving.encoder_instances, serving.encoder_threads,
                      serving.encoder_pack_tokens, serving.encoder_pack_rows),
     )
-    if serving.encoder_tokenizes:
-        if request.target != "portable":
-            raise SpecError(f"encoder_tokenizes is for the portable target: {request.target} runs its encoder on a "
-                            f"native backend, which reads token tensors")
+    if serving.encoder_tokenizes:  # portable only: it needs the packed export, which only the portable runner feeds
         encoder = reading_text(encoder, contracts.text_input(), source.path / TOKENIZER_FILENAME,
                                tokenizer_parameters(source, serving), serving.dynamic_batching)
     return text_ensemble(recipe.name, source, encoder, serving, request.io_names or contracts.TEXT)
