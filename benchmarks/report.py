@@ -50,7 +50,7 @@ def summary_rows(report: dict) -> list[dict]:
     same = report.get("served_over_same_encoder", {})
     rows += _ratio_row("served_over_same_encoder_32", "served bert ÷ its own encoder in-process, "
                        f"{same.get('sentences_per_request')} sentences/request, c=1", same.get("ratio"))
-    rows += _ratio_row("dynamic_batching_on_over_off", "dynamic batching on ÷ off, c=8",
+    rows += _ratio_row("dynamic_batching_on_over_off", "batching requests (`dynamic_batching`) on ÷ off, c=8",
                        report.get("dynamic_batching", {}).get("ratio"))
     sizes = report.get("sizes", {})
     for key, suffix, tarball in (("mme", "", "bert"), ("mme_no_env", "_no_env", "bert built --no-env")):

@@ -54,14 +54,18 @@ class RequestQueue:
         self._thread.join()
 
     def _next_batch(self) -> list[tuple[object, int, object]]:
+        """What is queued, within the budgets; empty once closed and drained."""
         with self._ready:
             self._ready.wait_for(lambda: self._queue or self._closed)
             batch, rows = [], 0
-            while self._queue and (not batch or (rows + self._queue[0][1] <= self._max_rows
-                                                  and not 0 < self._max_items <= len(batch))):
+            while self._queue and (not batch or self._fits(len(batch), rows + self._queue[0][1])):
                 batch.append(self._queue.popleft())
                 rows += batch[-1][1]
             return batch
+
+    def _fits(self, items: int, rows: int) -> bool:
+        """Whether one more item may join a batch of `items`, which would then hold `rows` rows."""
+        return rows <= self._max_rows and not 0 < self._max_items <= items
 
     def _serve(self) -> None:
         while batch := self._next_batch():
@@ -86,27 +90,27 @@ class TextRequests:
     def __init__(self, pb_utils, config: dict, params: dict[str, str], tokenizer_path: str, run: Callable,
                  output_names: list[str]):
         self._pb = pb_utils
-        self.text_name = config["input"][0]["name"]
+        self._text_name = config["input"][0]["name"]
         token_names = params["token_inputs"].split(",")
         self._max_rows = int(config["max_batch_size"])
         self._max_text_bytes = int(params["max_text_bytes"])
         self._tokenizer = TextTokenizer(tokenizer_path, max_length=int(params["max_sequence_length"]),
                                         pad_token=params["pad_token"],
                                         with_token_type_ids="token_type_ids" in token_names)
-        pb = pb_utils
 
-        def answer(items: list) -> list:
-            return respond_all(pb, items, lambda item: item, run,
-                               lambda outputs: [pb.Tensor(n, outputs[n]) for n in output_names], pb.Logger)
+        def answer(items: list) -> list:  # the items are parsed already
+            return respond_all(pb_utils, items, lambda item: item, run,
+                               lambda outputs: [pb_utils.Tensor(n, outputs[n]) for n in output_names],
+                               pb_utils.Logger)
 
         alone = params.get("batch_requests", "true") == "false"
-        self._queue = RequestQueue(answer, self._send, self._max_rows, 1 if alone else 0, pb.Logger.log_error)
+        self._queue = RequestQueue(answer, self._send, self._max_rows, 1 if alone else 0, pb_utils.Logger.log_error)
 
     def execute(self, requests) -> None:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                texts = decode_texts(read_input(self._pb, request, self.text_name), self._max_text_bytes,
+                texts = decode_texts(read_input(self._pb, request, self._text_name), self._max_text_bytes,
                                      self._max_rows)
                 self._queue.put(self._tokenizer.per_request([texts])[0], len(texts), sender)
             except ClientError as e:
