@@ -143,6 +143,11 @@ def runner_file_missing(root):
         config.write('parameters { key: "reference" value { string_value: "reference.npz" } }\n')
 
 
+def tokenizer_file_missing(root):
+    with open(root / "pre" / "config.pbtxt", "a") as config:
+        config.write('parameters { key: "tokenizer" value { string_value: "tokenizer.json" } }\n')
+
+
 def runner_file_outside(root):
     with open(root / "pre" / "config.pbtxt", "a") as config:
         config.write('parameters { key: "artifact" value { string_value: "../model.onnx" } }\n')
@@ -184,6 +189,9 @@ CORPUS = {  # name → (mutation, needs an env in the repository, expected probl
     "runner_file_missing": (runner_file_missing, False, Problem(
         "pre/1/reference.npz", "parameters.reference", "missing: the python model opens this file from its version "
                                                        "folder at load")),
+    "tokenizer_file_missing": (tokenizer_file_missing, False, Problem(
+        "pre/1/tokenizer.json", "parameters.tokenizer", "missing: the python model opens this file from its version "
+                                                        "folder at load")),
     "runner_file_outside": (runner_file_outside, False, Problem(
         "pre/1/../model.onnx", "parameters.artifact", "must name a file inside the version folder")),
     "artifact_changed": (artifact_changed, False, Problem("enc/1/model.onnx", "sha256", "differs from manifest.json "
