@@ -1,7 +1,8 @@
 """Runs a real ONNX / TorchScript / TensorFlow artifact with its Python library (the `portable` target).
 
 The config parameter `framework` names the session module beside this file (`<framework>_session.py`); the build
-copies only that one into the model folder."""
+copies only that one into the model folder. With a `tokenizer` parameter the runner reads TEXT itself
+(`text_requests.py`)."""
 
 import importlib
 
