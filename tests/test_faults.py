@@ -60,7 +60,7 @@ def test_served_ensemble_fails_requests_through_dead_step_and_stays_ready_when_a
     pgid = server.process.pid
     regions = server.stub_shm_regions()
     try:
-        victim = next(pid for pid, model in server.stub_models().items() if model == "bert_encoder")
+        victim = next(pid for pid, model in server.stub_models().items() if model == "bert_tokenizer")
         with Load(server, "/v2/models/bert/infer") as load:
             time.sleep(2)
             killed_at = time.monotonic()
@@ -78,13 +78,13 @@ def test_served_ensemble_fails_requests_through_dead_step_and_stays_ready_when_a
             assert after and all(status == 500 and "is not healthy" in text for status, text in after), after[:3]
             # Triton 2.51 still calls the server and the model ready: only the stub's state tells
             assert server.is_ready()
-            assert requests.get(f"http://{server.url}/v2/models/bert_encoder/ready", timeout=5).status_code == 200
-            assert server.dead_stubs() == ["bert_encoder"]
+            assert requests.get(f"http://{server.url}/v2/models/bert_tokenizer/ready", timeout=5).status_code == 200
+            assert server.dead_stubs() == ["bert_tokenizer"]
     finally:
         server.stop()
     assert group_members(pgid) == [], "processes (or zombies) of the server's group outlived stop()"
     assert not regions & hostile.shm_regions(), "the server's /dev/shm regions outlived stop()"
-    assert "bert_encoder" in server.log_path.read_text(), "the log of a server whose stub died is gone"
+    assert "bert_tokenizer" in server.log_path.read_text(), "the log of a server whose stub died is gone"
     with TritonServer(build_ensemble("bert").repository) as fresh:
         assert hostile.send(fresh.url, "/v2/models/bert/infer", VALID)[0] == 200
         assert fresh.dead_stubs() == []

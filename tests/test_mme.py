@@ -291,7 +291,7 @@ def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(mo
             return status, ok, "" if ok else text
 
         # 1. the stub dies while idle: the next call is answered (Triton unloads the target in ~1 s)
-        os.kill(live_stub(server, "bert_encoder"), signal.SIGKILL)  # a stub of the server this test started
+        os.kill(live_stub(server, "bert_tokenizer"), signal.SIGKILL)  # a stub of the server this test started
         started = time.monotonic()
         assert answered()[1]
         timing("dead_stub_idle_first_call_s", time.monotonic() - started)
@@ -303,7 +303,7 @@ def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(mo
         # Triton 2.51 was seen to never finish that unload; a tiny timeout forces the path): tritonserver is
         # restarted, the calls it cut short are retried, and all three calls are answered
         server.manager.policy = dataclasses.replace(server.manager.policy, dead_unload_timeout_s=0.01)
-        victim = live_stub(server, "bert_encoder")
+        victim = live_stub(server, "bert_tokenizer")
         os.kill(victim, signal.SIGSTOP)
         with ThreadPoolExecutor(2) as pool:
             held = [pool.submit(answered) for _ in range(2)]
@@ -320,7 +320,7 @@ def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(mo
         assert any("restarting tritonserver" in r.getMessage() for r in caplog.records)
 
         # 3. killed a third time within the crash window: quarantined, answered at once, the others served
-        os.kill(live_stub(server, "bert_encoder"), signal.SIGKILL)
+        os.kill(live_stub(server, "bert_tokenizer"), signal.SIGKILL)
         for _ in range(2):  # raw HTTP: boto3 would retry on its own
             status, _, text = answered()
             message = json.loads(text)["message"]

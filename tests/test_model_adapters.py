@@ -28,8 +28,14 @@ def _texts(*texts: bytes) -> InferenceRequest:
 
 
 @pytest.fixture(scope="module")
-def tokenizer(model_folders):
-    return model_folders("bert", "cpu")["bert_tokenizer"]  # portable bert tokenizes in its encoder
+def tokenizer(bert):
+    return bert["bert_tokenizer"]
+
+
+@pytest.fixture(scope="module")
+def text_encoder(model_folders):
+    """portable bert's encoder reading the text itself (`encoder_tokenizes`)."""
+    return model_folders("bert", "portable", serving=(("encoder_tokenizes", "true"),))["bert_encoder"]
 
 
 def test_tokenizer_model_fails_only_the_bad_request_when_batch_mixes_valid_and_invalid(tokenizer, python_model):
@@ -50,6 +56,19 @@ def test_tokenizer_model_reports_missing_input_when_request_lacks_text(tokenizer
     assert "input TEXT is missing" in response.error().message()
 
 
+def test_encoder_runner_equals_separate_runs_when_requests_have_different_lengths(bert, python_model):
+    tokenizer, encoder = python_model(bert["bert_tokenizer"]), python_model(bert["bert_encoder"])
+    tokens = [{t.name(): t.as_numpy() for t in r.output_tensors()}
+              for r in tokenizer.execute([_texts(b"short"), _texts(b"a much longer sentence than that", b"x")])]
+    requests = [InferenceRequest([Tensor(n, a) for n, a in t.items()]) for t in tokens]
+    together = [r.output_tensors()[0].as_numpy() for r in encoder.execute(requests)]
+    alone = [encoder.execute([r])[0].output_tensors()[0].as_numpy() for r in requests]
+    for t, a, tok in zip(together, alone, tokens):
+        assert t.shape == a.shape == (len(tok["input_ids"]), 384)  # the packed encoder pools: one row per text
+        np.testing.assert_allclose(t, a, atol=EMBEDDING_ATOL)  # bf16: packed with others or alone, nearly equal
+        assert_embeddings_match(t, a)
+
+
 def _answers(model, requests: list[InferenceRequest]) -> list:
     """The responses a model that answers through each request's sender gives (its execute returns None)."""
     assert model.execute(requests) is None
@@ -61,8 +80,9 @@ def _embedding(response) -> np.ndarray:
     return response.output_tensors()[0].as_numpy()
 
 
-def test_text_encoder_equals_separate_runs_when_requests_of_different_lengths_batch_together(bert, python_model):
-    encoder = python_model(bert["bert_encoder"])
+def test_text_encoder_equals_separate_runs_when_requests_of_different_lengths_batch_together(text_encoder,
+                                                                                            python_model):
+    encoder = python_model(text_encoder)
     texts = [(b"short",), (b"a much longer sentence than that", b"x"), (b"",)]
     together = [_embedding(r) for r in _answers(encoder, [_texts(*t) for t in texts])]
     alone = [_embedding(_answers(encoder, [_texts(*t)])[0]) for t in texts]
@@ -94,10 +114,10 @@ class _HeldBatches:
 
 
 def test_text_encoder_runs_requests_queued_while_it_computes_as_one_batch_when_they_arrive_one_by_one(
-        bert, python_model):
+        text_encoder, python_model):
     """Triton hands the encoder one request per execute (the step reading client bytes runs each request alone); the
     runner batches them itself: eight requests that arrive while a batch runs are embedded together next."""
-    encoder = python_model(bert["bert_encoder"])
+    encoder = python_model(text_encoder)
     held = _HeldBatches(encoder)
     first = _texts(b"the first request")
     assert encoder.execute([first]) is None
@@ -113,8 +133,8 @@ def test_text_encoder_runs_requests_queued_while_it_computes_as_one_batch_when_t
                                             for r in [_texts(f"sentence number {i}".encode()) for i in range(8)]]))
 
 
-def test_text_encoder_fails_only_the_bad_request_when_queued_with_valid_ones(bert, python_model):
-    encoder = python_model(bert["bert_encoder"])
+def test_text_encoder_fails_only_the_bad_request_when_queued_with_valid_ones(text_encoder, python_model):
+    encoder = python_model(text_encoder)
     responses = _answers(encoder, [_texts(b"hello"), _texts(b"\xc3\x28"), InferenceRequest([]),
                                    _texts(b"x" * 70000), _texts(b"a longer sentence", b"")])
     assert [r.has_error() for r in responses] == [False, True, True, True, False]
@@ -125,9 +145,9 @@ def test_text_encoder_fails_only_the_bad_request_when_queued_with_valid_ones(ber
     assert _embedding(responses[4]).shape == (2, 384)
 
 
-def test_text_encoder_answers_each_request_alone_when_its_batch_fails(bert, python_model):
+def test_text_encoder_answers_each_request_alone_when_its_batch_fails(text_encoder, python_model):
     """A batch that fails in the framework is run again request by request, so only the culprit gets the error."""
-    encoder = python_model(bert["bert_encoder"])
+    encoder = python_model(text_encoder)
     run = encoder._run_packed
 
     def failing_on_poison(items):
@@ -150,8 +170,8 @@ def test_text_encoder_answers_each_request_alone_when_its_batch_fails(bert, pyth
     assert "the framework failed" in responses[2].error().message()
 
 
-def test_text_encoder_answers_what_is_queued_before_it_unloads(bert, python_model):
-    encoder = python_model(bert["bert_encoder"])
+def test_text_encoder_answers_what_is_queued_before_it_unloads(text_encoder, python_model):
+    encoder = python_model(text_encoder)
     held = _HeldBatches(encoder)
     requests = [_texts(b"the first request")] + [_texts(f"queued {i}".encode()) for i in range(3)]
     encoder.execute(requests[:1])
@@ -166,9 +186,9 @@ def test_text_encoder_answers_what_is_queued_before_it_unloads(bert, python_mode
 
 
 @pytest.fixture(scope="module")
-def token_encoder(model_folders):
-    """portable bert's encoder as it reads token tensors from a tokenizer step (`encoder_tokenizes=false`)."""
-    return model_folders("bert", "portable", serving=(("encoder_tokenizes", "false"),))["bert_encoder"]
+def token_encoder(bert):
+    """portable bert's encoder, reading token tensors from its tokenizer step."""
+    return bert["bert_encoder"]
 
 
 def test_packed_encoder_fails_only_the_request_whose_mask_is_not_right_padded(token_encoder, python_model):

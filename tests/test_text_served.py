@@ -67,11 +67,9 @@ def test_served_ensemble_gives_same_results_when_eight_clients_run_concurrently(
         results = list(pool.map(one_client, range(8)))
     for rows in results:
         assert_matches(rows, reference)
-    if name == "bert_pt":  # Triton batches its encoder; portable bert's batches its requests itself, proven in
-        # test_model_adapters (Triton's statistics count one request per execute there)
-        stats = http.InferenceServerClient(server.url).get_inference_statistics(f"{name}_encoder")
-        batches = stats["model_stats"][0]["batch_stats"]
-        assert any(b["batch_size"] > 1 for b in batches), "concurrent requests were never batched together"
+    stats = http.InferenceServerClient(server.url).get_inference_statistics(f"{name}_encoder")
+    batches = stats["model_stats"][0]["batch_stats"]
+    assert any(b["batch_size"] > 1 for b in batches), "concurrent requests were never batched together"
 
 
 def _post(url: str, body: dict) -> tuple[int, str]:

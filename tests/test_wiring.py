@@ -20,7 +20,7 @@ def _copy(configs):
 
 
 @pytest.mark.parametrize(("name", "target", "steps"), [
-    ("bert", "portable", ("encoder",)),  # the packed encoder tokenizes and pools itself
+    ("bert", "portable", ("tokenizer", "encoder")),  # the packed encoder pools itself
     ("bert", "cpu", ("tokenizer", "encoder", "pooling")),
     ("bert_pt", "portable", ("tokenizer", "encoder", "pooling")),
 ])
