@@ -51,9 +51,8 @@ class SameEncoderInProcess:
             self.runner.warming.join()
         self.pool = load_model_module("mean_pooling", "pooling").mean_pool
         tokenizer = load_model_module("tokenizer", "tokenize_text").TextTokenizer
-        self.tokenizer = tokenizer(str(tokenizer_dir / "1" / "tokenizer.json"),
-                                   int(tok_params["max_sequence_length"]), tok_params["pad_token"],
-                                   "token_type_ids" in self.runner.input_names)
+        self.tokenizer = tokenizer.from_parameters(str(tokenizer_dir / "1" / "tokenizer.json"), tok_params,
+                                                   "token_type_ids" in self.runner.input_names)
 
     def embed(self, sentences: list[str]) -> np.ndarray:
         item = self.tokenizer(sentences)

@@ -16,7 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from batched_requests import ClientError, read_input, respond_all
+from batched_requests import ClientError, error_response, read_input, respond_all
 from tokenize_text import TextTokenizer, decode_texts
 
 
@@ -31,8 +31,8 @@ class RequestQueue:
     response)` delivers one. A batch takes everything queued, in arrival order, up to `max_rows` rows (a larger
     item goes alone) and, with `max_items`, that many items. `close` answers what is queued, then stops the thread."""
 
-    def __init__(self, answer: Callable[[list], list], send: Callable[[object, object], None], max_rows: int,
-                 max_items: int = 0, on_error: Callable[[str], None] = print):
+    def __init__(self, answer: Callable[[list], list], send: Callable[[object, object], None], max_rows: int, *,
+                 max_items: int = 0, on_error: Callable[[str], None]):
         self._answer, self._send, self._on_error = answer, send, on_error
         self._max_rows, self._max_items = max_rows, max_items
         self._queue: deque[tuple[object, int, object]] = deque()
@@ -92,12 +92,10 @@ class TextRequests:
                  output_names: list[str]):
         self._pb = pb_utils
         self._text_name = config["input"][0]["name"]
-        token_names = params["token_inputs"].split(",")
         self._max_rows = int(config["max_batch_size"])
         self._max_text_bytes = int(params["max_text_bytes"])
-        self._tokenizer = TextTokenizer(tokenizer_path, max_length=int(params["max_sequence_length"]),
-                                        pad_token=params["pad_token"],
-                                        with_token_type_ids="token_type_ids" in token_names)
+        self._tokenizer = TextTokenizer.from_parameters(tokenizer_path, params,
+                                                        "token_type_ids" in params["token_inputs"].split(","))
 
         def answer(items: list) -> list:  # the items are parsed already
             return respond_all(pb_utils, items, lambda item: item, run,
@@ -105,7 +103,8 @@ class TextRequests:
                                pb_utils.Logger)
 
         alone = params.get("batch_requests", "true") == "false"
-        self._queue = RequestQueue(answer, self._send, self._max_rows, 1 if alone else 0, pb_utils.Logger.log_error)
+        self._queue = RequestQueue(answer, self._send, self._max_rows, max_items=1 if alone else 0,
+                                   on_error=pb_utils.Logger.log_error)
 
     def execute(self, requests) -> None:
         for request in requests:
@@ -115,9 +114,9 @@ class TextRequests:
                                      self._max_rows)
                 self._queue.put(self._tokenizer.per_request([texts])[0], len(texts), sender)
             except ClientError as e:
-                self._send(sender, self._error(str(e), self._pb.TritonError.INVALID_ARG))
+                self._send(sender, error_response(self._pb, str(e), self._pb.TritonError.INVALID_ARG))
             except Closed as e:
-                self._send(sender, self._error(str(e), self._pb.TritonError.UNAVAILABLE))
+                self._send(sender, error_response(self._pb, str(e), self._pb.TritonError.UNAVAILABLE))
             except Exception as e:  # noqa: BLE001 - this request's own failure: answered, never raised to the stub
                 self._pb.Logger.log_error(f"reading a request failed: {type(e).__name__}: {e}")
                 self._send(sender, e)
@@ -127,8 +126,6 @@ class TextRequests:
 
     def _send(self, sender, response) -> None:
         if isinstance(response, Exception):
-            response = self._error(f"{type(response).__name__}: {response}", self._pb.TritonError.INTERNAL)
+            response = error_response(self._pb, f"{type(response).__name__}: {response}",
+                                      self._pb.TritonError.INTERNAL)
         sender.send(response, flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-
-    def _error(self, message: str, code):
-        return self._pb.InferenceResponse(output_tensors=[], error=self._pb.TritonError(message, code))

@@ -63,7 +63,7 @@ def respond_all(pb_utils, requests, parse: Callable, compute: Callable, to_tenso
             items.append(parse(request))
             positions.append(i)
         except ClientError as e:
-            responses[i] = _error(pb_utils, str(e), client=True)
+            responses[i] = error_response(pb_utils, str(e), pb_utils.TritonError.INVALID_ARG)
     results: list = []
     if items:
         try:
@@ -82,12 +82,14 @@ def respond_all(pb_utils, requests, parse: Callable, compute: Callable, to_tenso
         if isinstance(result, Exception):
             if logger is not None and not isinstance(result, ClientError):
                 logger.log_error(f"inference failed: {type(result).__name__}: {result}")
-            responses[i] = _error(pb_utils, str(result), client=isinstance(result, ClientError))
+            client = isinstance(result, ClientError)
+            code = pb_utils.TritonError.INVALID_ARG if client else pb_utils.TritonError.INTERNAL
+            responses[i] = error_response(pb_utils, str(result), code)
         else:
             responses[i] = pb_utils.InferenceResponse(output_tensors=to_tensors(result))
     return responses
 
 
-def _error(pb_utils, message: str, client: bool):
-    code = pb_utils.TritonError.INVALID_ARG if client else pb_utils.TritonError.INTERNAL
+def error_response(pb_utils, message: str, code):
+    """A response carrying only an error (`pb_utils.TritonError` code: INVALID_ARG for a client's mistake)."""
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))

@@ -38,6 +38,13 @@ class TextTokenizer:
         self.tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token)
         self.with_token_type_ids = with_token_type_ids
 
+    @classmethod
+    def from_parameters(cls, tokenizer_file: str, params: dict[str, str], with_token_type_ids: bool) -> TextTokenizer:
+        """From the config parameters the build renders for the code that tokenizes (`max_sequence_length`,
+        `pad_token`)."""
+        return cls(tokenizer_file, max_length=int(params["max_sequence_length"]), pad_token=params["pad_token"],
+                   with_token_type_ids=with_token_type_ids)
+
     def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
         encodings = self.tokenizer.encode_batch(texts)
         tensors = {

@@ -17,12 +17,8 @@ class TritonPythonModel:
         self.max_text_bytes = int(params["max_text_bytes"])
         self.max_batch_size = int(config["max_batch_size"])
         folder = os.path.join(args["model_repository"], args["model_version"])
-        self.tokenizer = TextTokenizer(
-            os.path.join(folder, "tokenizer.json"),
-            max_length=int(params["max_sequence_length"]),
-            pad_token=params["pad_token"],
-            with_token_type_ids="token_type_ids" in self.output_names,
-        )
+        self.tokenizer = TextTokenizer.from_parameters(os.path.join(folder, "tokenizer.json"), params,
+                                                       "token_type_ids" in self.output_names)
 
     def execute(self, requests):
         return respond_all(pb_utils, requests, self._parse, self.tokenizer.per_request, self._tensors,

@@ -247,7 +247,7 @@ def framework_model(name: str, artifact: Artifact, target: str, inputs: tuple[Te
 
 
 def reading_text(runner: ModelFolder, text: Tensor, tokenizer: Path, parameters: Mapping[str, str],
-                 batch_requests: bool = True) -> ModelFolder:
+                 batch_requests: bool) -> ModelFolder:
     """A portable framework runner that takes `text` instead of token tensors and tokenizes each request itself with
     `tokenizer` (a `tokenizer.json`; `parameters`: the tokenizer step's), batching requests on its own
     (models/framework_runner/text_requests.py): Triton's batcher is off, since the step reading client bytes must

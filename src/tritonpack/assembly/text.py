@@ -110,13 +110,13 @@ def text_ensemble(name: str, source: SentenceTransformerSource, encoder: ModelFo
                   io: contracts.IoNames = contracts.TEXT) -> list[ModelFolder]:
     """[ensemble, tokenizer, encoder(, pooling)], or [ensemble, encoder] where the encoder reads the text; the
     ensemble's public tensors are named by `io`."""
-    batching = serving.batching()
-    token_tensors = source.encoder_inputs()
     embedding = source.embedding_output()
     text = contracts.text_input()
     if encoder.spec.inputs == (text,):
         step = EnsembleStep(encoder.spec.name, {text.name: io.input}, {embedding.name: io.output})
         return [_ensemble(name, source, serving, io, (step,)), encoder]
+    batching = serving.batching()
+    token_tensors = source.encoder_inputs()
     tokenizer = python_model(
         ModelSpec(
             name=f"{name}_tokenizer", backend="python", max_batch_size=serving.max_batch_size,
