@@ -24,7 +24,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 PACKAGES = ("sentence-transformers", "infinity-emb", "torch", "transformers", "tokenizers", "openvino", "optimum",
-            "optimum-intel", "optimum-onnx", "onnxruntime", "numpy")
+            "optimum-intel", "optimum-onnx", "onnxruntime", "onnxruntime-openvino", "numpy")
 
 
 def versions(names=PACKAGES) -> dict:

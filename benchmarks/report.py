@@ -114,7 +114,7 @@ def _peer_tables(peers: dict) -> list[str]:
     if len(engines) > 1:
         tried = ", ".join(f"{e} {fmt(t.get('probe_c8_sentences_per_s'), 1)}/s" if t["started"] else
                           f"{e} did not start ({t['error']})" for e, t in engines.items())
-        lines.append(f"\ninfinity-emb's engines at c=8 on the corpus: {tried}; the faster is compared.")
+        lines.append(f"\ninfinity-emb's engines at c=8 on the corpus: {tried}; the fastest is compared.")
     rows = []
     for key, side in sides.items():
         if side["served"]:

@@ -49,15 +49,15 @@ def worker_side(bench, python: Path, backend: str, environment: str, export_dir:
     return SentenceTransformersSide(worker, bench.settings.peer_batch_size)
 
 
-def start_infinity(bench, engine: str, texts: list[str], versions: dict) -> ServedSide:
+def start_infinity(bench, engine: peers.InfinityEngine, texts: list[str]) -> ServedSide:
     root, s = bench.peers_root, bench.settings
-    log = bench.out / "logs" / "infinity.log"
-    folder = peers.onnx_model_folder(root, corpus.model_path(), log) if engine == "optimum" else corpus.model_path()
+    log = bench.out / "logs" / f"infinity-{engine.name}.log"
+    folder = peers.onnx_model_folder(root, corpus.model_path(), log) if engine.reads_onnx else corpus.model_path()
     server = peers.InfinityServer(root, engine, folder, log, s.peer_batch_size).start()
-    side = ServedSide("infinity", f"served infinity-emb ({engine})",
+    side = ServedSide("infinity", f"served infinity-emb ({engine.name})",
                       lambda: peers.OpenAIEmbeddingsClient(server.port, peers.InfinityServer.MODEL_NAME),
-                      {"server": f"infinity_emb v2, engine {engine}", "engine": engine,
-                       "batch_size": s.peer_batch_size, "versions": versions,
+                      {"server": f"infinity_emb v2, engine {engine.engine}", "engine": engine.name,
+                       "batch_size": s.peer_batch_size, "versions": engine.env.versions(root),
                        "client": "http.client keep-alive, POST /embeddings (OpenAI API)"}, stop=server.stop)
     try:
         side.run(texts[:32], 8)  # warm-up
@@ -67,18 +67,17 @@ def start_infinity(bench, engine: str, texts: list[str], versions: dict) -> Serv
     return side
 
 
-def infinity_side(bench, texts: list[str]) -> ServedSide:
-    """infinity-emb with the fastest of its CPU engines that start here (each tried at c=8 on the corpus)."""
-    versions = peers.INFINITY.versions(bench.peers_root)
+def infinity_side(bench, texts: list[str], engines: list[peers.InfinityEngine]) -> ServedSide:
+    """infinity-emb with the fastest of `engines` that start here (each tried at c=8 on the corpus)."""
     tried: dict[str, dict] = {}
     started: list[ServedSide] = []
     try:
-        for engine in bench.settings.infinity_engines:
+        for engine in engines:
             try:
-                started.append(start_infinity(bench, engine, texts, versions))
-                tried[engine] = {"started": True}
+                started.append(start_infinity(bench, engine, texts))
+                tried[engine.name] = {"started": True}
             except Exception as e:  # noqa: BLE001 - an engine that does not start is recorded; the next is tried
-                tried[engine] = {"started": False, "error": f"{type(e).__name__}: {e}"}
+                tried[engine.name] = {"started": False, "error": f"{type(e).__name__}: {e}"}
         if not started:
             raise RuntimeError(f"no engine started: {tried}")
         if len(started) > 1:
@@ -119,7 +118,9 @@ def make_sides(bench, server, texts: list[str], sides: list[Side]) -> dict[str, 
         add_peer(sides, skipped, "st-onnx", lambda: worker_side(
             bench, peers.INFINITY.python(root), "onnx", f"venv {peers.INFINITY.name}",
             peers.INFINITY.folder(root) / "exports" / "onnx"))
-        add_peer(sides, skipped, "infinity", lambda: infinity_side(bench, texts))
+        engines = [peers.INFINITY_ENGINES[name] for name in s.infinity_engines]
+        engines = [engine for engine in engines if peer_env_ready(bench, engine.env, skipped)]
+        add_peer(sides, skipped, "infinity", lambda: infinity_side(bench, texts, engines))
     sides.append(served_tritonpack(server, bench.served_repository))
     return skipped
 

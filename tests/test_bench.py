@@ -71,6 +71,14 @@ def test_peer_env_is_ready_only_when_its_stamp_names_the_same_requirements(tmp_p
     (env.folder(tmp_path) / ".installed").write_text(env.stamp)
     assert env.ready(tmp_path)
     assert not peers.PeerEnv("example", ("pkg==2.0",)).ready(tmp_path)
+    assert not peers.PeerEnv("example", ("pkg==1.0",), swaps=(("pkg", "pkg-fast==1.0"),)).ready(tmp_path)
+
+
+def test_every_infinity_engine_the_full_bench_tries_is_defined_and_its_onnx_variants_share_one_export():
+    engines = [peers.INFINITY_ENGINES[name] for name in BenchSettings().infinity_engines]
+    assert {engine.env for engine in engines} == {peers.INFINITY, peers.INFINITY_OPENVINO}
+    assert [engine.name for engine in engines if engine.reads_onnx] == ["optimum", "optimum-openvino"]
+    assert peers.INFINITY_OPENVINO.requirements == peers.INFINITY.requirements  # only the ONNX Runtime build differs
 
 
 def test_peer_worker_embeds_and_times_and_reuses_its_export_when_loaded_twice(tmp_path):
