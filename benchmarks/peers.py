@@ -6,9 +6,9 @@
   (optimum-onnx needs transformers < 4.58, sentence-transformers 6.2 needs ≥ 5).
 - `infinity-openvino`: the same with onnxruntime-openvino in place of onnxruntime. infinity-emb's optimum engine
   runs ONNX Runtime's OpenVINO execution provider on the CPU wherever it is installed (f32 on the CPU, as the default
-  CPU provider), which made it 1.14× faster at c=8 than with the default provider on an AMX Xeon.
+  CPU provider), which made it 1.14–1.20× faster at c=8 than the default provider on an AMX Xeon.
 
-Both get the CPU build of torch 2.13.0 that lies on this machine's disk, and no torchvision: the registry's
+Each gets the CPU build of torch 2.13.0 that lies on this machine's disk, and no torchvision: the registry's
 torchvision fails to register its ops with that build, which breaks `transformers` at import.
 """
 
