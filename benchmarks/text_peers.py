@@ -49,7 +49,7 @@ def worker_side(bench, python: Path, backend: str, environment: str, export_dir:
     return SentenceTransformersSide(worker, bench.settings.peer_batch_size)
 
 
-def start_infinity(bench, engine: peers.InfinityEngine, texts: list[str]) -> ServedSide:
+def start_infinity(bench, engine: peers.InfinityEngine, texts: list[str], versions: dict) -> ServedSide:
     root, s = bench.peers_root, bench.settings
     log = bench.out / "logs" / f"infinity-{engine.name}.log"
     folder = peers.onnx_model_folder(root, corpus.model_path(), log) if engine.reads_onnx else corpus.model_path()
@@ -57,7 +57,7 @@ def start_infinity(bench, engine: peers.InfinityEngine, texts: list[str]) -> Ser
     side = ServedSide("infinity", f"served infinity-emb ({engine.name})",
                       lambda: peers.OpenAIEmbeddingsClient(server.port, peers.InfinityServer.MODEL_NAME),
                       {"server": f"infinity_emb v2, engine {engine.engine}", "engine": engine.name,
-                       "batch_size": s.peer_batch_size, "versions": engine.env.versions(root),
+                       "batch_size": s.peer_batch_size, "versions": versions,
                        "client": "http.client keep-alive, POST /embeddings (OpenAI API)"}, stop=server.stop)
     try:
         side.run(texts[:32], 8)  # warm-up
@@ -69,12 +69,13 @@ def start_infinity(bench, engine: peers.InfinityEngine, texts: list[str]) -> Ser
 
 def infinity_side(bench, texts: list[str], engines: list[peers.InfinityEngine]) -> ServedSide:
     """infinity-emb with the fastest of `engines` that start here (each tried at c=8 on the corpus)."""
+    versions = {env: env.versions(bench.peers_root) for env in {engine.env for engine in engines}}
     tried: dict[str, dict] = {}
     started: list[ServedSide] = []
     try:
         for engine in engines:
             try:
-                started.append(start_infinity(bench, engine, texts))
+                started.append(start_infinity(bench, engine, texts, versions[engine.env]))
                 tried[engine.name] = {"started": True}
             except Exception as e:  # noqa: BLE001 - an engine that does not start is recorded; the next is tried
                 tried[engine.name] = {"started": False, "error": f"{type(e).__name__}: {e}"}

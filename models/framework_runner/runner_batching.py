@@ -70,7 +70,7 @@ class FrameworkRunnerModel:
             if self.pb_utils is not None:  # in Triton; in-process callers (the bench) run token tensors through _run
                 self.text = importlib.import_module("text_requests").TextRequests(
                     self.pb_utils, config, params, os.path.join(folder, params["tokenizer"]), self._run,
-                    self.output_names)
+                    self._tensors)
         else:
             self.input_names = [i["name"] for i in config["input"]]
             self.ragged = any(i.get("allow_ragged_batch") for i in config["input"])
@@ -138,9 +138,10 @@ class FrameworkRunnerModel:
     def execute(self, requests):
         if self.text is not None:
             return self.text.execute(requests)  # None: each request is answered through its sender
-        pb = self.pb_utils
-        return respond_all(pb, requests, self._parse, self._run,
-                           lambda outputs: [pb.Tensor(n, outputs[n]) for n in self.output_names], pb.Logger)
+        return respond_all(self.pb_utils, requests, self._parse, self._run, self._tensors, self.pb_utils.Logger)
+
+    def _tensors(self, outputs):
+        return [self.pb_utils.Tensor(name, outputs[name]) for name in self.output_names]
 
     def _parse(self, request):
         item = {name: read_input(self.pb_utils, request, name) for name in self.input_names}

@@ -16,8 +16,8 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from batched_requests import ClientError, error_response, read_input, respond_all
-from tokenize_text import TextTokenizer, decode_texts
+from batched_requests import ClientError, error_response, respond_all
+from tokenize_text import TextInput, TextTokenizer
 
 
 class Closed(RuntimeError):
@@ -86,46 +86,44 @@ class TextRequests:
     """`execute` for a runner whose config reads TEXT (TYPE_STRING [1], batched) and whose parameters name the
     tokenizer (`tokenizer`: its file in the version folder, `token_inputs`: what the encoder reads, in order,
     `max_sequence_length`, `pad_token`, `max_text_bytes`; `batch_requests` false: each request runs alone).
-    `run(items)` embeds a batch of tokenized requests."""
+    `run(items)` embeds a batch of tokenized requests, `to_tensors(outputs)` makes one request's output tensors."""
 
     def __init__(self, pb_utils, config: dict, params: dict[str, str], tokenizer_path: str, run: Callable,
-                 output_names: list[str]):
+                 to_tensors: Callable):
         self._pb = pb_utils
-        self._text_name = config["input"][0]["name"]
-        self._max_rows = int(config["max_batch_size"])
-        self._max_text_bytes = int(params["max_text_bytes"])
+        self._text = TextInput.from_config(config, params)
         self._tokenizer = TextTokenizer.from_parameters(tokenizer_path, params,
                                                         "token_type_ids" in params["token_inputs"].split(","))
 
         def answer(items: list) -> list:  # the items are parsed already
-            return respond_all(pb_utils, items, lambda item: item, run,
-                               lambda outputs: [pb_utils.Tensor(n, outputs[n]) for n in output_names],
-                               pb_utils.Logger)
+            return respond_all(pb_utils, items, lambda item: item, run, to_tensors, pb_utils.Logger)
 
         alone = params.get("batch_requests", "true") == "false"
-        self._queue = RequestQueue(answer, self._send, self._max_rows, max_items=1 if alone else 0,
+        self._queue = RequestQueue(answer, self._send, self._text.max_batch, max_items=1 if alone else 0,
                                    on_error=pb_utils.Logger.log_error)
 
     def execute(self, requests) -> None:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                texts = decode_texts(read_input(self._pb, request, self._text_name), self._max_text_bytes,
-                                     self._max_rows)
+                texts = self._text.read(self._pb, request)
                 self._queue.put(self._tokenizer.per_request([texts])[0], len(texts), sender)
-            except ClientError as e:
-                self._send(sender, error_response(self._pb, str(e), self._pb.TritonError.INVALID_ARG))
-            except Closed as e:
-                self._send(sender, error_response(self._pb, str(e), self._pb.TritonError.UNAVAILABLE))
             except Exception as e:  # noqa: BLE001 - this request's own failure: answered, never raised to the stub
-                self._pb.Logger.log_error(f"reading a request failed: {type(e).__name__}: {e}")
+                if not isinstance(e, (ClientError, Closed)):
+                    self._pb.Logger.log_error(f"reading a request failed: {type(e).__name__}: {e}")
                 self._send(sender, e)
 
     def close(self) -> None:
         self._queue.close()
 
     def _send(self, sender, response) -> None:
-        if isinstance(response, Exception):
-            response = error_response(self._pb, f"{type(response).__name__}: {response}",
-                                      self._pb.TritonError.INTERNAL)
+        """Deliver a response, or an exception as its error: the client's mistake INVALID_ARG, unloading
+        UNAVAILABLE, anything else INTERNAL."""
+        errors = self._pb.TritonError
+        if isinstance(response, ClientError):
+            response = error_response(self._pb, str(response), errors.INVALID_ARG)
+        elif isinstance(response, Closed):
+            response = error_response(self._pb, str(response), errors.UNAVAILABLE)
+        elif isinstance(response, Exception):
+            response = error_response(self._pb, f"{type(response).__name__}: {response}", errors.INTERNAL)
         sender.send(response, flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

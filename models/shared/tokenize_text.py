@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
-from batched_requests import ClientError
+from batched_requests import ClientError, read_input
 from tokenizers import Tokenizer
 
 
@@ -24,6 +26,24 @@ def decode_texts(array: np.ndarray, max_text_bytes: int, max_batch: int | None =
         except UnicodeDecodeError as e:
             raise ClientError(f"TEXT is not valid UTF-8 (byte {e.start})") from None
     return texts
+
+
+@dataclass(frozen=True)
+class TextInput:
+    """How a step reads its TEXT input: the tensor's name and the limits its config sets (`max_batch_size`, the
+    `max_text_bytes` parameter)."""
+
+    name: str
+    max_text_bytes: int
+    max_batch: int
+
+    @classmethod
+    def from_config(cls, config: dict, params: dict[str, str]) -> TextInput:
+        return cls(config["input"][0]["name"], int(params["max_text_bytes"]), int(config["max_batch_size"]))
+
+    def read(self, pb_utils, request) -> list[str]:
+        """The request's texts, or ClientError naming what is wrong with them."""
+        return decode_texts(read_input(pb_utils, request, self.name), self.max_text_bytes, self.max_batch)
 
 
 class TextTokenizer:
