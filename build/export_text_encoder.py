@@ -29,6 +29,7 @@ import numpy as np
 from tritonpack import CARD_ROOT, contracts
 from tritonpack.build.text_source import SentenceTransformerSource
 from tritonpack.cache import producer
+from tritonpack.components import load_model_module
 from tritonpack.ensembles.text import ENCODER_WEIGHTS
 
 RUNNER_DIR = CARD_ROOT / "models" / "framework_runner"
@@ -120,13 +121,7 @@ def _load_packed(model_dir: Path, pooled: bool = False, normalize: bool = False,
 def _runner_module(name: str):
     """A numpy-only module of the portable runner (models/framework_runner/<name>.py), so the build packs and
     configures exactly as the served model does; loaded once."""
-    import importlib.util
-
-    path = RUNNER_DIR / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"tritonpack_build_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_model_module("framework_runner", name)
 
 
 def pack(inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[int]]:

@@ -21,10 +21,12 @@ from tritonpack.spec import Tensor
 
 
 def test_model_sources_are_model_and_what_it_imports_when_folder_is_built():
-    assert sorted(model_sources("tokenizer")) == ["batched_requests.py", "model.py", "tokenize_text.py"]
-    assert sorted(model_sources("mean_pooling")) == ["batched_requests.py", "model.py", "pooling.py"]
+    assert sorted(model_sources("tokenizer")) == ["batched_requests.py", "model.py", "resident_memory.py",
+                                                  "tokenize_text.py"]
+    assert sorted(model_sources("mean_pooling")) == ["batched_requests.py", "model.py", "pooling.py",
+                                                     "resident_memory.py"]
     assert sorted(model_sources("dali_runner")) == ["batched_requests.py", "image_header.py", "model.py",
-                                                    "serialized_pipeline.py"]
+                                                    "resident_memory.py", "serialized_pipeline.py"]
 
 
 @pytest.mark.parametrize("framework", ["onnx", "openvino_ir", "torchscript", "graphdef"])

@@ -4,6 +4,7 @@ the native openvino backend's config, and the serving settings that choose it.""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import tritonpack.build.export_text_encoder as export_text_encoder
 from tests.texts import SENTENCES, assert_embeddings_match
 from tritonpack.build.text_source import SentenceTransformerSource
-from tritonpack.components import Artifact, StepSettings, framework_model, load_model_module
+from tritonpack.components import SHARED_DIR, Artifact, StepSettings, framework_model, load_model_module
 from tritonpack.ensembles.text import TextServing
 from tritonpack.errors import SpecError
 from tritonpack.spec import DynamicBatching, Tensor, parse_config
@@ -263,7 +264,8 @@ def fp16_matrices_mb(ir: Path) -> float:
 def run_probe(script: str, sessions, ir: Path, *args: str) -> dict:
     """A probe script's JSON answer, run in a fresh process beside the runner's modules."""
     folder = Path(sessions["openvino"].__file__).parent
-    return json.loads(subprocess.run([sys.executable, "-c", script, str(folder), str(ir), *args],
+    environment = {**os.environ, "PYTHONPATH": str(SHARED_DIR)}  # the modules models/shared gives the runner's
+    return json.loads(subprocess.run([sys.executable, "-c", script, str(folder), str(ir), *args], env=environment,
                                      capture_output=True, text=True, check=True).stdout)
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from batched_requests import ClientError, read_input, respond_all
 from image_header import check_image_pixels
+from resident_memory import drop_load_only_file_pages
 from serialized_pipeline import PipelineRunFailed, SerializedPipeline, rows_to_samples
 
 DEFAULT_MAX_IMAGE_PIXELS = 50_000_000  # ~7000×7000; a config parameter `max_image_pixels` overrides it
@@ -24,6 +25,7 @@ class TritonPythonModel:
         self.pipeline = SerializedPipeline.from_file(path, input_name=self.input_name,
                                                      max_batch_size=max(1, int(config["max_batch_size"])),
                                                      num_threads=int(params.get("num_threads", "1")))
+        drop_load_only_file_pages()
 
     def execute(self, requests):
         return respond_all(pb_utils, requests, self._parse, self._run,

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from resident_memory import mapping_kb
 
 OPENVINO_PRECISION = {"fp32": "f32", "bf16": "bf16"}
 MIXED = "mixed"  # bf16 up to the middle layer, f32 after
@@ -121,7 +122,7 @@ class WeightsFile:
     def release(self, spans: list[tuple[int, int]]) -> int:
         """Drop the whole pages inside `spans` from this mapping and from the page cache; the bytes dropped (0 when
         this process has written into the mapping)."""
-        if _written_kb(self._address):
+        if mapping_kb(self._address, "Anonymous"):  # kB of pages this process wrote
             return 0
         page, dropped = mmap.PAGESIZE, 0
         for start, size in spans:
@@ -135,20 +136,6 @@ class WeightsFile:
 
 def _readers(node) -> list:
     return [target.get_node() for output in node.outputs() for target in output.get_target_inputs()]
-
-
-def _written_kb(address: int) -> int:
-    """kB of private copies (pages written by this process) in the mapping that holds `address`."""
-    inside = False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            head = line.split(None, 1)[0]
-            if not head.endswith(":"):
-                low, high = (int(x, 16) for x in head.split("-"))
-                inside = low <= address < high
-            elif inside and head == "Anonymous:":
-                return int(line.split()[1])
-    return 0
 
 
 def read_model(core, path: str, precision: str, weights: WeightsFile | None = None):

@@ -14,7 +14,6 @@ the runner reads TEXT and batches requests itself (text_requests.py).
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import json
 import os
@@ -24,6 +23,7 @@ import numpy as np
 from batched_requests import ClientError, pad_and_concat, read_input, respond_all, split_rows
 from packing import PACKED_FEATURES, pack_groups, packed_inputs, unpacked
 from pooling import mean_pool
+from resident_memory import drop_load_only_file_pages, return_freed_heap
 
 MASK = "attention_mask"  # when an input has this name, rows are grouped by its real length
 PAD_VALUES = {MASK: 0}
@@ -93,6 +93,8 @@ class FrameworkRunnerModel:
             self.warming = threading.Thread(target=self._warm_then_settle, args=(shapes,), name="warm-pack-shapes",
                                             daemon=True)
             self.warming.start()
+        else:
+            drop_load_only_file_pages()
 
     def _check_reference(self, path: str, params: dict[str, str], reference_path: str):
         """Embed the build's reference texts and compare with the embeddings the build computed with PyTorch. The CPU
@@ -238,6 +240,7 @@ class FrameworkRunnerModel:
             except OSError as e:  # not fatal: the pages stay resident
                 self._log("warn", f"releasing the weights file's pages failed: {e}")
         released.append(f"{return_freed_heap() / 2**20:.1f} MB of freed heap returned")
+        released.append(f"{drop_load_only_file_pages() / 2**20:.1f} MB of library pages unmapped")
         self._log("info", "every pack length warmed; " + ", ".join(released))
 
     def _parallel(self) -> int:
@@ -293,25 +296,6 @@ class FrameworkRunnerModel:
 
     def open_session(self, path, params):
         raise NotImplementedError
-
-
-def return_freed_heap() -> int:
-    """Hand the heap memory this process has freed back to the kernel (glibc's `malloc_trim`); the bytes of
-    anonymous memory returned, 0 without glibc. glibc keeps freed memory in the arena of the thread that allocated
-    it: a session opened (twice, where the check falls back) and warmed on a thread of its own leaves 6-19 MB there,
-    of which requests reuse 3-6 (MiniLM, docs/performance.md, nineteenth round)."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except AttributeError:
-        return 0
-    before = _anonymous_kb()
-    trim(0)
-    return max(0, before - _anonymous_kb()) * 1024
-
-
-def _anonymous_kb() -> int:
-    with open("/proc/self/smaps_rollup") as rollup:
-        return next(int(line.split()[1]) for line in rollup if line.startswith("Anonymous:"))
 
 
 def _computes(session) -> str:

@@ -5,6 +5,7 @@ import json
 import triton_python_backend_utils as pb_utils
 from batched_requests import pad_and_concat, read_input, respond_all, split_rows
 from pooling import mean_pool
+from resident_memory import drop_load_only_file_pages
 
 
 class TritonPythonModel:
@@ -13,6 +14,7 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.normalize = params["normalize"] == "true"
         self.output_name = config["output"][0]["name"]
+        drop_load_only_file_pages()
 
     def execute(self, requests):
         return respond_all(pb_utils, requests, self._parse, self._pool,

@@ -1,0 +1,111 @@
+"""What a loaded python model hands back to the kernel (`models/shared/resident_memory.py`): the pages of read-only
+file mappings leave the process and read back unchanged; a page the process wrote is never dropped."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import subprocess
+import sys
+
+import pytest
+
+from tritonpack.components import SHARED_DIR, load_model_module
+
+resident_memory = load_model_module("tokenizer", "resident_memory")
+
+PAGES = 64
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    path = tmp_path / "data.bin"
+    path.write_bytes(bytes(range(256)) * (PAGES * mmap.PAGESIZE // 256))
+    with open(path, "rb") as file:
+        yield file, path.read_bytes()
+
+
+def map_private(file, writable: bool) -> int:
+    protection = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    address = libc.mmap(None, PAGES * mmap.PAGESIZE, protection, mmap.MAP_PRIVATE, file.fileno(), 0)
+    assert address not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+    return address
+
+
+def read_all(address: int) -> bytes:
+    """Reads every page (mapping each one in)."""
+    return ctypes.string_at(address, PAGES * mmap.PAGESIZE)
+
+
+def resident_kb(address: int) -> int:
+    return resident_memory.mapping_kb(address, "Rss")
+
+
+def test_read_only_file_pages_are_dropped_and_read_back_unchanged(data_file):
+    file, content = data_file
+    address = map_private(file, writable=False)
+    try:
+        assert read_all(address) == content
+        assert resident_kb(address) == PAGES * mmap.PAGESIZE // 1024
+        assert resident_memory.drop_load_only_file_pages() > 0
+        assert resident_kb(address) == 0
+        assert read_all(address) == content
+    finally:
+        libc.munmap(address, PAGES * mmap.PAGESIZE)
+
+
+def test_a_page_the_process_wrote_keeps_its_bytes_even_when_its_mapping_is_read_only_now(data_file):
+    """A written page of a private file mapping exists only in this process (relocated data of a library, made
+    read-only after its loader wrote it): dropping it would read the file's bytes back instead."""
+    file, content = data_file
+    address = map_private(file, writable=True)
+    try:
+        read_all(address)
+        ctypes.memset(address + 3 * mmap.PAGESIZE, 0xAB, 16)
+        assert libc.mprotect(address, PAGES * mmap.PAGESIZE, mmap.PROT_READ) == 0
+        resident_memory.drop_load_only_file_pages()
+        assert resident_kb(address) == PAGES * mmap.PAGESIZE // 1024
+        assert ctypes.string_at(address + 3 * mmap.PAGESIZE, 16) == b"\xab" * 16
+        assert ctypes.string_at(address, mmap.PAGESIZE) == content[:mmap.PAGESIZE]
+    finally:
+        libc.munmap(address, PAGES * mmap.PAGESIZE)
+
+
+def test_a_writable_private_mapping_is_left_alone(data_file):
+    file, _ = data_file
+    address = map_private(file, writable=True)
+    try:
+        read_all(address)
+        resident_memory.drop_load_only_file_pages()
+        assert resident_kb(address) == PAGES * mmap.PAGESIZE // 1024
+    finally:
+        libc.munmap(address, PAGES * mmap.PAGESIZE)
+
+
+LIBRARY_PROBE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import resident_memory
+
+a = np.random.default_rng(0).normal(size=(64, 64))
+expected = (a @ a.T).sum(), np.linalg.svd(a)[1][:3].tolist(), np.fft.rfft(a[0])[:3].tolist()
+dropped = resident_memory.drop_load_only_file_pages()
+again = (a @ a.T).sum(), np.linalg.svd(a)[1][:3].tolist(), np.fft.rfft(a[0])[:3].tolist()
+print(json.dumps({"dropped_mb": dropped / 2**20, "same": repr(expected) == repr(again)}))
+"""
+
+
+def test_a_process_runs_on_unchanged_after_its_library_pages_are_dropped():
+    """numpy's and Python's own code pages leave the process and come back as it computes again: same results."""
+    import json
+
+    probe = json.loads(subprocess.run([sys.executable, "-c", LIBRARY_PROBE, str(SHARED_DIR)], capture_output=True,
+                                      text=True, check=True).stdout)
+    assert probe["same"], probe
+    assert probe["dropped_mb"] > 1, probe
