@@ -230,7 +230,8 @@ class FrameworkRunnerModel:
     def _warm_then_settle(self, shapes: list[tuple[int, int]]):
         """Warm the remaining shapes; once every shape has run, what the process holds for nothing goes back to
         the kernel: the file pages of weights the session now holds in layouts of its own (`warmed`: OpenVINO's),
-        then the heap memory that opening, checking and warming freed (`return_freed_heap`)."""
+        the heap memory that opening, checking and warming freed (`return_freed_heap`), then the library pages
+        only loading read (`drop_load_only_file_pages`)."""
         if not self._warm(shapes):
             return
         released = []
