@@ -46,20 +46,29 @@ def resident_kb(address: int) -> int:
     return resident_memory.mapping_kb(address, "Rss")
 
 
-def test_read_only_file_pages_are_dropped_and_read_back_unchanged(data_file):
+def drop_in_this_mapping_only(monkeypatch, address: int) -> None:  # the whole process: LIBRARY_PROBE
+    """drop_load_only_file_pages as it reads the test's mapping, shown only that one: were it ever to drop a page
+    the process wrote, only the test's bytes would be lost, not this process's relocated libraries."""
+    real = resident_memory.mappings
+    with monkeypatch.context() as patch:
+        patch.setattr(resident_memory, "mappings", lambda: [m for m in real() if m.low <= address < m.high])
+        resident_memory.drop_load_only_file_pages()
+
+
+def test_read_only_file_pages_are_dropped_and_read_back_unchanged(data_file, monkeypatch):
     file, content = data_file
     address = map_private(file, writable=False)
     try:
         assert read_all(address) == content
         assert resident_kb(address) == PAGES * mmap.PAGESIZE // 1024
-        assert resident_memory.drop_load_only_file_pages() > 0
+        drop_in_this_mapping_only(monkeypatch, address)
         assert resident_kb(address) == 0
         assert read_all(address) == content
     finally:
         libc.munmap(address, PAGES * mmap.PAGESIZE)
 
 
-def test_a_page_the_process_wrote_keeps_its_bytes_even_when_its_mapping_is_read_only_now(data_file):
+def test_a_page_the_process_wrote_keeps_its_bytes_even_when_its_mapping_is_read_only_now(data_file, monkeypatch):
     """A written page of a private file mapping exists only in this process (relocated data of a library, made
     read-only after its loader wrote it): dropping it would read the file's bytes back instead."""
     file, content = data_file
@@ -68,7 +77,7 @@ def test_a_page_the_process_wrote_keeps_its_bytes_even_when_its_mapping_is_read_
         read_all(address)
         ctypes.memset(address + 3 * mmap.PAGESIZE, 0xAB, 16)
         assert libc.mprotect(address, PAGES * mmap.PAGESIZE, mmap.PROT_READ) == 0
-        resident_memory.drop_load_only_file_pages()
+        drop_in_this_mapping_only(monkeypatch, address)
         assert resident_kb(address) == PAGES * mmap.PAGESIZE // 1024
         assert ctypes.string_at(address + 3 * mmap.PAGESIZE, 16) == b"\xab" * 16
         assert ctypes.string_at(address, mmap.PAGESIZE) == content[:mmap.PAGESIZE]
@@ -76,12 +85,46 @@ def test_a_page_the_process_wrote_keeps_its_bytes_even_when_its_mapping_is_read_
         libc.munmap(address, PAGES * mmap.PAGESIZE)
 
 
-def test_a_writable_private_mapping_is_left_alone(data_file):
+def test_a_writable_private_mapping_is_left_alone(data_file, monkeypatch):
     file, _ = data_file
     address = map_private(file, writable=True)
     try:
         read_all(address)
-        resident_memory.drop_load_only_file_pages()
+        drop_in_this_mapping_only(monkeypatch, address)
+        assert resident_kb(address) == PAGES * mmap.PAGESIZE // 1024
+    finally:
+        libc.munmap(address, PAGES * mmap.PAGESIZE)
+
+
+def test_nothing_is_dropped_and_nothing_raises_where_proc_has_no_smaps(data_file, monkeypatch):
+    """A sandbox's /proc may lack smaps: the model still loads, with its pages mapped."""
+    file, _ = data_file
+    address = map_private(file, writable=False)
+    try:
+        read_all(address)
+
+        def no_smaps(*_args, **_kwargs):
+            raise FileNotFoundError("/proc/self/smaps")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(resident_memory, "open", no_smaps, raising=False)
+            assert resident_memory.drop_load_only_file_pages() == 0
+        assert resident_kb(address) == PAGES * mmap.PAGESIZE // 1024
+    finally:
+        libc.munmap(address, PAGES * mmap.PAGESIZE)
+
+
+def test_a_mapping_is_left_alone_where_proc_does_not_count_its_written_pages(data_file, monkeypatch):
+    """Without `Anonymous` in smaps nothing says a mapping holds no written page: it is kept."""
+    file, _ = data_file
+    address = map_private(file, writable=False)
+    try:
+        read_all(address)
+        (mapping,) = [m for m in resident_memory.mappings() if m.low <= address < m.high]
+        unlabelled = mapping._replace(kb={k: v for k, v in mapping.kb.items() if k != "Anonymous"})
+        with monkeypatch.context() as patch:
+            patch.setattr(resident_memory, "mappings", lambda: [unlabelled])
+            resident_memory.drop_load_only_file_pages()
         assert resident_kb(address) == PAGES * mmap.PAGESIZE // 1024
     finally:
         libc.munmap(address, PAGES * mmap.PAGESIZE)
