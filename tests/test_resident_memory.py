@@ -4,6 +4,7 @@ file mappings leave the process and read back unchanged; a page the process wrot
 from __future__ import annotations
 
 import ctypes
+import json
 import mmap
 import subprocess
 import sys
@@ -22,24 +23,29 @@ libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
+SIZE = PAGES * mmap.PAGESIZE
+CONTENT = bytes(range(256)) * (SIZE // 256)
+
+
 @pytest.fixture
-def data_file(tmp_path):
+def mapped(tmp_path):
+    """map(writable) → the address of a private mapping of a file holding CONTENT, every page read in."""
     path = tmp_path / "data.bin"
-    path.write_bytes(bytes(range(256)) * (PAGES * mmap.PAGESIZE // 256))
+    path.write_bytes(CONTENT)
+    addresses = []
     with open(path, "rb") as file:
-        yield file, path.read_bytes()
+        def map_private(writable: bool) -> int:
+            protection = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+            address = libc.mmap(None, SIZE, protection, mmap.MAP_PRIVATE, file.fileno(), 0)
+            assert address not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+            addresses.append(address)
+            assert ctypes.string_at(address, SIZE) == CONTENT
+            assert resident_kb(address) == SIZE // 1024
+            return address
 
-
-def map_private(file, writable: bool) -> int:
-    protection = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-    address = libc.mmap(None, PAGES * mmap.PAGESIZE, protection, mmap.MAP_PRIVATE, file.fileno(), 0)
-    assert address not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
-    return address
-
-
-def read_all(address: int) -> bytes:
-    """Reads every page (mapping each one in)."""
-    return ctypes.string_at(address, PAGES * mmap.PAGESIZE)
+        yield map_private
+    for address in addresses:
+        libc.munmap(address, SIZE)
 
 
 def resident_kb(address: int) -> int:
@@ -55,79 +61,53 @@ def drop_in_this_mapping_only(monkeypatch, address: int) -> None:  # the whole p
         resident_memory.drop_load_only_file_pages()
 
 
-def test_read_only_file_pages_are_dropped_and_read_back_unchanged(data_file, monkeypatch):
-    file, content = data_file
-    address = map_private(file, writable=False)
-    try:
-        assert read_all(address) == content
-        assert resident_kb(address) == PAGES * mmap.PAGESIZE // 1024
-        drop_in_this_mapping_only(monkeypatch, address)
-        assert resident_kb(address) == 0
-        assert read_all(address) == content
-    finally:
-        libc.munmap(address, PAGES * mmap.PAGESIZE)
+def test_read_only_file_pages_are_dropped_and_read_back_unchanged(mapped, monkeypatch):
+    address = mapped(writable=False)
+    drop_in_this_mapping_only(monkeypatch, address)
+    assert resident_kb(address) == 0
+    assert ctypes.string_at(address, SIZE) == CONTENT
 
 
-def test_a_page_the_process_wrote_keeps_its_bytes_even_when_its_mapping_is_read_only_now(data_file, monkeypatch):
+def test_a_page_the_process_wrote_keeps_its_bytes_even_when_its_mapping_is_read_only_now(mapped, monkeypatch):
     """A written page of a private file mapping exists only in this process (relocated data of a library, made
     read-only after its loader wrote it): dropping it would read the file's bytes back instead."""
-    file, content = data_file
-    address = map_private(file, writable=True)
-    try:
-        read_all(address)
-        ctypes.memset(address + 3 * mmap.PAGESIZE, 0xAB, 16)
-        assert libc.mprotect(address, PAGES * mmap.PAGESIZE, mmap.PROT_READ) == 0
-        drop_in_this_mapping_only(monkeypatch, address)
-        assert resident_kb(address) == PAGES * mmap.PAGESIZE // 1024
-        assert ctypes.string_at(address + 3 * mmap.PAGESIZE, 16) == b"\xab" * 16
-        assert ctypes.string_at(address, mmap.PAGESIZE) == content[:mmap.PAGESIZE]
-    finally:
-        libc.munmap(address, PAGES * mmap.PAGESIZE)
+    address = mapped(writable=True)
+    ctypes.memset(address + 3 * mmap.PAGESIZE, 0xAB, 16)
+    assert libc.mprotect(address, SIZE, mmap.PROT_READ) == 0
+    drop_in_this_mapping_only(monkeypatch, address)
+    assert resident_kb(address) == SIZE // 1024
+    assert ctypes.string_at(address + 3 * mmap.PAGESIZE, 16) == b"\xab" * 16
+    assert ctypes.string_at(address, mmap.PAGESIZE) == CONTENT[:mmap.PAGESIZE]
 
 
-def test_a_writable_private_mapping_is_left_alone(data_file, monkeypatch):
-    file, _ = data_file
-    address = map_private(file, writable=True)
-    try:
-        read_all(address)
-        drop_in_this_mapping_only(monkeypatch, address)
-        assert resident_kb(address) == PAGES * mmap.PAGESIZE // 1024
-    finally:
-        libc.munmap(address, PAGES * mmap.PAGESIZE)
+def test_a_writable_private_mapping_is_left_alone(mapped, monkeypatch):
+    address = mapped(writable=True)
+    drop_in_this_mapping_only(monkeypatch, address)
+    assert resident_kb(address) == SIZE // 1024
 
 
-def test_nothing_is_dropped_and_nothing_raises_where_proc_has_no_smaps(data_file, monkeypatch):
+def test_nothing_is_dropped_and_nothing_raises_where_proc_has_no_smaps(mapped, monkeypatch):
     """A sandbox's /proc may lack smaps: the model still loads, with its pages mapped."""
-    file, _ = data_file
-    address = map_private(file, writable=False)
-    try:
-        read_all(address)
+    address = mapped(writable=False)
 
-        def no_smaps(*_args, **_kwargs):
-            raise FileNotFoundError("/proc/self/smaps")
+    def no_smaps(*_args, **_kwargs):
+        raise FileNotFoundError("/proc/self/smaps")
 
-        with monkeypatch.context() as patch:
-            patch.setattr(resident_memory, "open", no_smaps, raising=False)
-            assert resident_memory.drop_load_only_file_pages() == 0
-        assert resident_kb(address) == PAGES * mmap.PAGESIZE // 1024
-    finally:
-        libc.munmap(address, PAGES * mmap.PAGESIZE)
+    with monkeypatch.context() as patch:
+        patch.setattr(resident_memory, "open", no_smaps, raising=False)
+        assert resident_memory.drop_load_only_file_pages() == 0
+    assert resident_kb(address) == SIZE // 1024
 
 
-def test_a_mapping_is_left_alone_where_proc_does_not_count_its_written_pages(data_file, monkeypatch):
+def test_a_mapping_is_left_alone_where_proc_does_not_count_its_written_pages(mapped, monkeypatch):
     """Without `Anonymous` in smaps nothing says a mapping holds no written page: it is kept."""
-    file, _ = data_file
-    address = map_private(file, writable=False)
-    try:
-        read_all(address)
-        (mapping,) = [m for m in resident_memory.mappings() if m.low <= address < m.high]
-        unlabelled = mapping._replace(kb={k: v for k, v in mapping.kb.items() if k != "Anonymous"})
-        with monkeypatch.context() as patch:
-            patch.setattr(resident_memory, "mappings", lambda: [unlabelled])
-            resident_memory.drop_load_only_file_pages()
-        assert resident_kb(address) == PAGES * mmap.PAGESIZE // 1024
-    finally:
-        libc.munmap(address, PAGES * mmap.PAGESIZE)
+    address = mapped(writable=False)
+    (mapping,) = [m for m in resident_memory.mappings() if m.low <= address < m.high]
+    unlabelled = mapping._replace(kb={k: v for k, v in mapping.kb.items() if k != "Anonymous"})
+    with monkeypatch.context() as patch:
+        patch.setattr(resident_memory, "mappings", lambda: [unlabelled])
+        resident_memory.drop_load_only_file_pages()
+    assert resident_kb(address) == SIZE // 1024
 
 
 LIBRARY_PROBE = """
@@ -146,8 +126,6 @@ print(json.dumps({"dropped_mb": dropped / 2**20, "same": repr(expected) == repr(
 
 def test_a_process_runs_on_unchanged_after_its_library_pages_are_dropped():
     """numpy's and Python's own code pages leave the process and come back as it computes again: same results."""
-    import json
-
     probe = json.loads(subprocess.run([sys.executable, "-c", LIBRARY_PROBE, str(SHARED_DIR)], capture_output=True,
                                       text=True, check=True).stdout)
     assert probe["same"], probe
