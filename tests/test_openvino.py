@@ -320,17 +320,11 @@ folder, ir = sys.argv[1:]
 sys.path.insert(0, folder)
 import openvino_session
 from packing import packed_inputs
+from resident_memory import mappings
 
 
 def weights_file_mb():  # resident pages of this process's mapping (Rss: other processes may map the file too)
-    rss, inside = 0, False
-    for line in open("/proc/self/smaps"):
-        head = line.split(None, 1)[0]
-        if not head.endswith(":"):  # a mapping: address range, permissions, offset, device, inode, path
-            inside = line.rstrip().endswith("/model.bin")
-        elif inside and head == "Rss:":
-            rss += int(line.split()[1])
-    return rss / 1024
+    return sum(m.kb["Rss"] for m in mappings() if m.path.endswith("/model.bin")) / 1024
 
 
 run = openvino_session.open_session(ir, {"precision": "fp32", "threads": "2"})

@@ -32,21 +32,18 @@ def drop_load_only_file_pages() -> int:
     (library code, read-only data): the bytes of PSS this process held in them before. Nothing is lost: a read maps
     the page again from the page cache (or the file). Mappings with written pages (relocated data, copy-on-write
     files) and shared ones are left alone; no mapping this process can write is touched, so none gains a written page
-    between reading /proc/self/smaps and the advice. 0, doing nothing, where /proc does not say which pages were
+    between reading /proc/self/smaps and the advice. Nothing is dropped where /proc does not say which pages were
     written (a sandbox's /proc without smaps, or without their `Anonymous` field): loading never fails for it."""
+    before = _rollup_kb("Pss")
     try:
-        before = _rollup_kb("Pss")
         found = _unwritten_read_only_file_mappings()
-    except (OSError, StopIteration, ValueError):
+    except (OSError, ValueError):
         return 0
     madvise = ctypes.CDLL(None, use_errno=True).madvise
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     for low, high in found:
         madvise(low, high - low, MADV_DONTNEED)  # an error leaves the pages mapped: nothing to do about it
-    try:
-        return max(0, before - _rollup_kb("Pss")) * 1024
-    except (OSError, StopIteration, ValueError):
-        return 0
+    return max(0, before - _rollup_kb("Pss")) * 1024
 
 
 class Mapping(NamedTuple):
@@ -86,5 +83,9 @@ def _unwritten_read_only_file_mappings() -> list[tuple[int, int]]:
 
 
 def _rollup_kb(field: str) -> int:
-    with open("/proc/self/smaps_rollup") as rollup:
-        return next(int(line.split()[1]) for line in rollup if line.startswith(field + ":"))
+    """`field` (kB) of /proc/self/smaps_rollup; 0 where /proc does not have it (what was returned then reads 0)."""
+    try:
+        with open("/proc/self/smaps_rollup") as rollup:
+            return next(int(line.split()[1]) for line in rollup if line.startswith(field + ":"))
+    except (OSError, StopIteration):
+        return 0
