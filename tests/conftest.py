@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -78,15 +79,16 @@ def build_ensemble(test_dist):
     def _build(name: str, target: str = "portable", **options):
         # the local repository is what most tests serve; tarballs with packed environments are tested on purpose
         options.setdefault("env", False)
-        key = (name, target, tuple(sorted(options.items())))
-        if key not in built:
+        # keyed by the request, so options spelled at their defaults (`plans=()`) share the default build
+        request = BuildRequest(name, target, **options)
+        if request not in built:
             dist = test_dist  # other options get a folder of their own: the same name and target share a path
-            if options != {"env": False}:
+            if request != BuildRequest(name, target, env=False):
                 dist = test_dist / f"options-{len(built)}"
                 dist.mkdir()
                 (dist / "cache").symlink_to(test_dist / "cache")
-            built[key] = build(BuildRequest(name, target, dist=dist, **options))
-        return built[key]
+            built[request] = build(replace(request, dist=dist))
+        return built[request]
 
     return _build
 
