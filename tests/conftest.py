@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +16,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Exports are content-addressed, so tests share the build cache with `make ensemble`.
 BUILD_CACHE = Path(os.environ.get("TRITONPACK_TEST_CACHE", PROJECT_ROOT / "dist" / "cache"))
+
+
+# Measured on a fresh clone (2026-11-26): temporary folders and the build cache grow by up to ~4.6 GB during a run.
+RUN_NEEDS_GB = 5
+
+
+def pytest_report_header(config):
+    """Free space where the run writes (a full disk fails tests far from its cause, as ENOSPC in a stub)."""
+    where = Path(tempfile.gettempdir())
+    free_gb = shutil.disk_usage(where).free / 1e9
+    warning = "" if free_gb >= RUN_NEEDS_GB else "; too little: tests writing tarballs may fail with ENOSPC"
+    return f"temporary files: {where}, {free_gb:.1f} GB free (a whole run writes up to ~{RUN_NEEDS_GB} GB){warning}"
 
 
 @pytest.fixture(scope="session")
