@@ -11,6 +11,7 @@ import os
 import random
 import re
 import signal
+import subprocess
 import tarfile
 import time
 import urllib.error
@@ -369,3 +370,52 @@ def test_infer_cli_prints_embeddings_when_pointed_at_the_local_mme(mme, tiny_ref
     answer = json.loads(capsys.readouterr().out)
     assert answer["model"] == "tiny-a.tar.gz"
     assert_embeddings_match(np.array(answer["embeddings"], dtype=np.float32), tiny_reference(FEW))
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size_bytes: int):
+    """A tmpfs of `size_bytes` at `path`, a disk that really fills (ENOSPC); yields resize(bytes)."""
+    def mount(*options: str) -> None:
+        done = subprocess.run(["mount", *options, str(path)], capture_output=True, text=True)
+        if done.returncode:
+            pytest.fail(f"this test fills a small tmpfs and needs to mount one (root): {done.stderr.strip()}")
+
+    path.mkdir()
+    mount("-t", "tmpfs", "-o", f"size={size_bytes}", "none")
+    try:
+        yield lambda size: mount("-o", f"remount,size={size}")
+    finally:
+        subprocess.run(["umount", "--lazy", str(path)], check=False)
+
+
+def unpacked_bytes(tarball: Path) -> int:
+    """What extracting `tarball` takes on a tmpfs: whole 4 KiB pages per file."""
+    with tarfile.open(tarball) as tar:
+        return sum(-(-m.size // 4096) * 4096 for m in tar.getmembers() if m.isfile())
+
+
+def test_local_mme_makes_room_on_a_full_disk_and_answers_507_without_remembering_it(models_dir, tmp_path, aws_env,
+                                                                                   tiny_reference):
+    """The disk cache on a disk that fills: extracted targets Triton does not hold are removed to make room (as
+    SageMaker frees an instance's volume); a target that still does not fit is answered 507 with the fix, leaves
+    nothing behind, and is served once there is room — a full disk is never taken for the tarball's fault."""
+    tiny = unpacked_bytes(models_dir / "tiny-a.tar.gz")
+    expected = tiny_reference(FEW)
+    with small_disk(tmp_path / "disk", tiny * 5 // 2) as resize, \
+            LocalMME(str(models_dir), port=0, max_models=1, cache_dir=tmp_path / "disk") as server:
+        runtime = runtime_for(server)
+        for target in ("tiny-a.tar.gz", "tiny-b.tar.gz", "tiny-c.tar.gz"):  # a third does not fit beside two
+            assert_embeddings_match(embed(runtime, target, FEW), expected)
+        assert sorted(server.cache.entries) == ["tiny-b.tar.gz", "tiny-c.tar.gz"]  # tiny-a (idle) made room
+        assert metrics(server)["ModelDiskEvictions"] == 1
+
+        answer = raw_invoke(server, "bert.tar.gz", text_body())  # ~45 MB: no room even with every idle target gone
+        assert answer.status_code == 507, answer.text
+        message = answer.json()["message"]
+        assert "no space left on the device of the disk cache" in message and "--cache-dir" in message, message
+        assert sorted(server.cache.entries) == ["tiny-c.tar.gz"]  # tiny-b was idle: removed; tiny-c is loaded
+        assert [p.name for p in server.cache.root.iterdir() if p.name.startswith(".")] == []  # no partial folder
+        assert_embeddings_match(embed(runtime, "tiny-c.tar.gz", FEW), expected)  # what is loaded keeps serving
+
+        resize(unpacked_bytes(models_dir / "bert.tar.gz") + 4 * tiny)
+        assert embed(runtime, "bert.tar.gz", FEW).shape == (len(FEW), 384)  # not remembered: served once it fits

@@ -136,17 +136,22 @@ def prepared(target: str) -> Prepared:
 class FakeCache:
     max_bytes = 1 << 30
 
-    def evict(self, in_use: set[str]) -> list[str]:
+    def evict(self, in_use: set[str], max_bytes: int | None = None) -> list[str]:
         return []
 
 
 class FakeStore:
-    """Tarballs that all pass `tritonpack check`, except BAD_TARBALL; `refuse` answers as TargetStore does."""
+    """Tarballs that all pass `tritonpack check`, except BAD_TARBALL; `refuse` answers as TargetStore does;
+    `free_disk` records what it was told to keep."""
 
     def __init__(self):
-        self.cache, self.refused = FakeCache(), {}
+        self.cache, self.refused, self.kept_on_full_disk = FakeCache(), {}, []
 
-    def prepare(self, target: str) -> Prepared:
+    def free_disk(self, keep: set[str], why: str) -> list[str]:
+        self.kept_on_full_disk.append(keep)
+        return []
+
+    def prepare(self, target: str, in_use=tuple) -> Prepared:
         if target == BAD_TARBALL:
             raise TargetError(400, f"{target} is not deployable")
         if target in self.refused:
@@ -260,6 +265,48 @@ def test_model_manager_reloads_then_quarantines_when_a_target_kills_its_stub_on_
         manager.invoke(STUB_KILLER, b"{}", None)
     assert refused.value.status == 424 and refused.value.code == "ModelError" and refused.value.retry_after > 0
     assert outcome(manager, triton, "m0")[1] == 200 and triton.starts == 1  # no restart for anyone
+
+
+class FullDiskTriton(FakeTriton):
+    """Loads of ENV_TARGET fail as Triton 2.51's did when /tmp was full (its python backend unpacks each packed
+    environment there; the message is a CI run's) while `full()` says so."""
+
+    ENV_TARGET = "with-env"
+    MESSAGE = (b'{"error": "load failed for model \'with-env\': version 1 is at UNAVAILABLE state: Internal: '
+               b'Failed to create environment directory for \'/tmp/python_env_us7gmk/0\'.;"}')
+
+    def __init__(self, full):
+        super().__init__(2, seed=0)
+        self.full = full
+
+    def load(self, model_hash: str, target: str, url: Path) -> Reply:
+        if target == self.ENV_TARGET and self.full(self):
+            return Reply(400, self.MESSAGE)
+        return super().load(model_hash, target, url)
+
+
+def test_model_manager_makes_room_when_a_load_fails_for_a_full_disk():
+    """A load that failed because a disk is full frees the disk cache (keeping what Triton holds), unloads an idle
+    target and is tried again: here the unload frees enough."""
+    triton = FullDiskTriton(full=lambda t: bool(t.loaded))
+    manager = ModelManager(store := FakeStore(), triton, 2, Metrics(), FaultPolicy())
+    assert outcome(manager, triton, "m0")[1] == 200
+    assert outcome(manager, triton, triton.ENV_TARGET)[1] == 200
+    assert triton.loaded == {triton.ENV_TARGET} and store.kept_on_full_disk == [{"m0", triton.ENV_TARGET}]
+    assert store.refused == {}
+
+
+def test_model_manager_answers_507_and_remembers_nothing_when_a_full_disk_fails_a_load():
+    """With nothing to unload and the disk still full: 507 saying so, the target not refused — once there is room
+    the next call loads it (a 400 would have been answered from memory until the tarball changed)."""
+    disk = {"full": True}
+    triton = FullDiskTriton(full=lambda t: disk["full"])
+    manager = ModelManager(store := FakeStore(), triton, 2, Metrics(), FaultPolicy())
+    target, status, message = outcome(manager, triton, triton.ENV_TARGET)
+    assert status == 507 and "Failed to create environment directory" in message and "a disk is full" in message
+    assert store.refused == {} and manager.loaded_targets() == []
+    disk["full"] = False
+    assert outcome(manager, triton, triton.ENV_TARGET)[1] == 200
 
 
 def table_with(max_models: int, *targets: str) -> SlotTable:

@@ -21,13 +21,15 @@ from tritonpack.mme.metrics import Metrics
 from tritonpack.mme.recovery import Recovery, Retry, RetryReason
 from tritonpack.mme.slots import Phase, Slot, SlotTable
 from tritonpack.mme.sources import TargetError, target_hash, validate_target
-from tritonpack.mme.store import TargetStore
+from tritonpack.mme.store import INSUFFICIENT_STORAGE, TargetStore
 
 log = logging.getLogger("tritonpack.mme")
-INSUFFICIENT_STORAGE = 507
 # Triton 2.51 keeps a model whose python stub died registered and ready; every request through it then fails with
 # this (500 on Triton's HTTP front-end, 400 on its SageMaker front-end), within about a second.
 STUB_UNHEALTHY = re.compile(r"Stub process '[^']*' is not healthy")
+# A load that failed because a disk is full (the python backend unpacks each packed environment under /tmp): the
+# host's state, not the tarball's fault.
+NO_DISK_SPACE = re.compile(r"No space left on device|Failed to create environment directory")
 
 
 class ModelManager:
@@ -81,7 +83,8 @@ class ModelManager:
             self.metrics.inc("ModelCacheHit")
             return slot
         started = time.monotonic()
-        prepared = self.store.prepare(target)  # a bad tarball is refused before Triton's loaded set is touched
+        # a bad tarball is refused before Triton's loaded set is touched
+        prepared = self.store.prepare(target, self.slots.held_targets)
         self.metrics.inc("ModelCacheMiss")
         reloaded = None  # why the target is loaded again, when its last load broke
         while True:
@@ -112,7 +115,11 @@ class ModelManager:
         target, url = slot.target, slot.prepared.model_dir
 
         def load() -> Reply | None:
-            return self._send(slot, lambda: self.container.load(target_hash(target), target, url))
+            reply = self._send(slot, lambda: self.container.load(target_hash(target), target, url))
+            if reply is None or reply.status == 200 or not NO_DISK_SPACE.search(reply.message):
+                return reply
+            self.store.free_disk(self.slots.held_targets(), f"loading {target}")
+            return Reply(INSUFFICIENT_STORAGE, reply.body, reply.content_type)  # room may be made: never refused
 
         started = time.monotonic()
         try:
@@ -131,8 +138,9 @@ class ModelManager:
         if reply.status != 200:
             self.slots.drop(slot)
             self.metrics.inc("ModelLoadFailures")
+            hint = "; a disk is full: free space there" if NO_DISK_SPACE.search(reply.message) else ""
             error = TargetError(reply.status if 400 <= reply.status < 600 else 502,
-                                f"Triton could not load {target!r}: {reply.message}")
+                                f"Triton could not load {target!r}: {reply.message}{hint}")
             if reply.status == 400:  # the model's own fault: the same answer until the tarball changes
                 self.store.refuse(slot.prepared, error)
             raise error
@@ -153,7 +161,7 @@ class ModelManager:
     def _restore(self, evicted: Slot) -> None:
         """Load `evicted` again after the load that was to take its slot failed."""
         try:
-            slot = self.slots.reserve(self.store.prepare(evicted.target))
+            slot = self.slots.reserve(self.store.prepare(evicted.target, self.slots.held_targets))
             if slot is not None:
                 self._load(slot, use=False)
         except (TargetError, Retry) as e:

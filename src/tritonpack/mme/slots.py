@@ -194,6 +194,11 @@ class SlotTable:
             self._changed()
             return suspects
 
+    def held_targets(self) -> set[str]:
+        """The targets with a slot: loaded, loading or unloading (Triton may be reading their files)."""
+        with self._cond:
+            return set(self._slots)
+
     def loaded_targets(self) -> list[str]:
         with self._cond:
             return [t for t, s in self._slots.items() if s.phase is Phase.LOADED]

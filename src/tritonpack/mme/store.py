@@ -8,12 +8,14 @@ file costs what the check reads of it), an S3 one is downloaded once into a stag
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,11 @@ from tritonpack.mme.metrics import Metrics
 from tritonpack.mme.sources import TargetError, target_hash
 
 log = logging.getLogger("tritonpack.mme")
+INSUFFICIENT_STORAGE = 507
+
+
+def disk_full(e: OSError) -> bool:
+    return e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass
@@ -105,13 +112,15 @@ class DiskCache:
             self.entries.pop(target, None)
         shutil.rmtree(self.root / target_hash(target), ignore_errors=True)
 
-    def evict(self, in_use: set[str]) -> list[str]:
-        """Remove least recently used entries not `in_use` until the cache fits `max_bytes`; the targets removed."""
+    def evict(self, in_use: set[str], max_bytes: int | None = None) -> list[str]:
+        """Remove least recently used entries not `in_use` until the cache fits `max_bytes` (the cache's bound unless
+        given: 0 removes every entry not in use); the targets removed."""
+        bound = self.max_bytes if max_bytes is None else max_bytes
         evicted = []
         with self._lock:
             total = sum(e.bytes for e in self.entries.values())
             for entry in sorted(self.entries.values(), key=lambda e: e.last_used):
-                if total <= self.max_bytes:
+                if total <= bound:
                     break
                 if entry.target in in_use:
                     continue
@@ -167,7 +176,9 @@ class TargetStore:
         self._target_locks: dict[str, threading.Lock] = {}
         self._refused: dict[str, tuple[str, TargetError]] = {}
 
-    def prepare(self, target: str) -> Prepared:
+    def prepare(self, target: str, in_use: Callable[[], Iterable[str]] = tuple) -> Prepared:
+        """`target`'s extracted folder at its current version; `in_use()` names the targets Triton holds, whose
+        folders stay when a full disk makes the cache remove the others."""
         version = self.source.version(target)
         if version is None:
             raise TargetError(404, f"target model {target!r} not found at {self.source.location(target)}")
@@ -177,7 +188,7 @@ class TargetStore:
             refused = self._refused.get(target)
             if refused is not None and refused[0] == version:
                 raise refused[1]
-            model_dir = self.cache.lookup(target, version) or self._admit(target, version)
+            model_dir = self.cache.lookup(target, version) or self._admit(target, version, in_use)
         return Prepared(target, version, model_dir)
 
     def refuse(self, prepared: Prepared, error: TargetError) -> None:
@@ -185,7 +196,7 @@ class TargetStore:
         self._refused[prepared.target] = (prepared.version, error)
         self.cache.remove(prepared.target)
 
-    def _admit(self, target: str, version: str) -> Path:
+    def _admit(self, target: str, version: str, in_use: Callable[[], Iterable[str]]) -> Path:
         from tritonpack.check import check
         from tritonpack.errors import ArchiveError
         from tritonpack.server import local_python_has
@@ -207,7 +218,7 @@ class TargetStore:
                                                                        [str(p) for p in problems]))
                 raise error
             try:
-                model_dir = self.cache.add(target, version, tarball, self.limits)
+                model_dir = self._extract(target, version, tarball, in_use)
             except ArchiveError as e:  # changed between the check and the extraction
                 raise TargetError(400, f"{target} is not deployable: unsafe archive, nothing extracted",
                                   [str(p) for p in e.problems]) from e
@@ -216,3 +227,33 @@ class TargetStore:
             return model_dir
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+    def _extract(self, target: str, version: str, tarball: Path, in_use: Callable[[], Iterable[str]]) -> Path:
+        """Extract into the cache; on a full disk, once more after removing every extracted target Triton does not
+        hold (as SageMaker frees an instance's volume), then 507 — never remembered as the tarball's fault."""
+        model_dir = self._add_unless_disk_full(target, version, tarball)
+        if model_dir is None and self.free_disk({*in_use(), target}, f"extracting {target}"):
+            model_dir = self._add_unless_disk_full(target, version, tarball)
+        if model_dir is None:
+            free_mb = shutil.disk_usage(self.cache.root).free / 1e6
+            raise TargetError(INSUFFICIENT_STORAGE, f"no space left on the device of the disk cache {self.cache.root} "
+                                                    f"to extract {target} ({free_mb:.0f} MB free; only targets loaded "
+                                                    f"in Triton are left there): free disk space or start the MME "
+                                                    f"with --cache-dir on a larger disk")
+        return model_dir
+
+    def free_disk(self, keep: set[str], why: str) -> list[str]:
+        """The disk is full: remove every extracted target not in `keep`; the targets removed."""
+        evicted = self.cache.evict(keep, max_bytes=0)
+        if evicted:
+            self.metrics.inc("ModelDiskEvictions", len(evicted))
+            log.warning("disk full %s: removed %s from the disk cache", why, ", ".join(evicted))
+        return evicted
+
+    def _add_unless_disk_full(self, target: str, version: str, tarball: Path) -> Path | None:
+        try:
+            return self.cache.add(target, version, tarball, self.limits)
+        except OSError as e:
+            if disk_full(e):
+                return None
+            raise
