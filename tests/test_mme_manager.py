@@ -130,7 +130,7 @@ class FakeTriton:
 
 
 def prepared(target: str) -> Prepared:
-    return Prepared(target, "v1", Path("/models") / target)
+    return Prepared(target, "v1", Path(__file__).parent)  # a folder that exists; FakeTriton reads nothing there
 
 
 class FakeCache:
@@ -307,6 +307,19 @@ def test_model_manager_answers_507_and_remembers_nothing_when_a_full_disk_fails_
     assert store.refused == {} and manager.loaded_targets() == []
     disk["full"] = False
     assert outcome(manager, triton, triton.ENV_TARGET)[1] == 200
+
+
+def test_model_manager_answers_503_and_remembers_nothing_when_the_folder_it_loaded_was_removed_meanwhile():
+    """A folder the full-disk cache removed between `prepare` and the load (the call waited for a slot): Triton's
+    400 is not the tarball's fault, so it is not remembered."""
+    class RemovedFolderStore(FakeStore):
+        def prepare(self, target: str, in_use=tuple) -> Prepared:
+            return Prepared(target, "v1", Path(__file__).parent / "removed-to-make-room")
+
+    triton = FakeTriton(2, seed=0)
+    manager = ModelManager(store := RemovedFolderStore(), triton, 2, Metrics(), FaultPolicy())
+    target, status, message = outcome(manager, triton, LOAD_REFUSED)
+    assert status == 503 and "removed from the full disk cache" in message and store.refused == {}
 
 
 def table_with(max_models: int, *targets: str) -> SlotTable:

@@ -138,6 +138,9 @@ class ModelManager:
         if reply.status != 200:
             self.slots.drop(slot)
             self.metrics.inc("ModelLoadFailures")
+            if not url.is_dir():  # a full disk made the cache remove it while this load waited for a slot
+                raise TargetError(503, f"{target!r} was removed from the full disk cache before Triton loaded it; "
+                                       f"try again", retry_after=1)
             hint = "; a disk is full: free space there" if NO_DISK_SPACE.search(reply.message) else ""
             error = TargetError(reply.status if 400 <= reply.status < 600 else 502,
                                 f"Triton could not load {target!r}: {reply.message}{hint}")
