@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.small_disk import small_disk
 from tritonpack.cli import main
 from tritonpack.ensembles.text import TextServing
 
@@ -93,3 +94,26 @@ def test_makefile_serves_the_repository_the_last_build_chose_when_no_target_is_g
     assert result.returncode == 0, result.stderr
     assert f"tritonpack serve dist/{expected}\n" in result.stdout
     assert f"tritonpack check dist/{expected}.tar.gz" in result.stdout
+
+
+def test_cli_build_says_in_one_line_when_the_disk_is_full_and_leaves_nothing_partial(tmp_path, test_dist):
+    """A full disk is a limit of the user's machine: one line naming where and the fix, exit 2, no traceback, and
+    no half-written repository left to fill the disk further."""
+    with small_disk(tmp_path / "dist", 8 << 20) as _:  # the repository alone is ~45 MB
+        (tmp_path / "dist" / "cache").symlink_to(test_dist / "cache")
+        result = run_cli("build", "bert", "--no-env", "--dist", str(tmp_path / "dist"))
+        left = sorted(p.name for p in (tmp_path / "dist").iterdir())
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    said = result.stderr.strip().splitlines()[-1]  # after the build's own line saying which target
+    assert said.startswith(f"error: no space left on the device of {tmp_path / 'dist'} ") and "make clean" in said
+    assert left == ["cache"]
+
+
+def test_write_tarball_leaves_no_partial_file_when_the_disk_fills(tmp_path, build_ensemble):
+    from tritonpack.repository import write_tarball
+
+    with small_disk(tmp_path / "disk", 4 << 20) as _, pytest.raises(OSError, match="No space left"):
+        try:
+            write_tarball(build_ensemble("bert").repository, tmp_path / "disk" / "bert.tar.gz")
+        finally:
+            assert list((tmp_path / "disk").iterdir()) == []

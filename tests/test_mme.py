@@ -11,7 +11,6 @@ import os
 import random
 import re
 import signal
-import subprocess
 import tarfile
 import time
 import urllib.error
@@ -27,6 +26,7 @@ from botocore.exceptions import ClientError
 from tests import mme_support
 from tests.mme_support import HostileProbe, link_or_copy, metrics, raw_invoke, runtime_for, text_body, timing
 from tests.reliability import hostile
+from tests.small_disk import small_disk, unpacked_bytes
 from tests.test_hostile_inputs import TEXT_CASES
 from tests.texts import SENTENCES, assert_embeddings_match
 from tritonpack import aws, codec, payloads
@@ -370,28 +370,6 @@ def test_infer_cli_prints_embeddings_when_pointed_at_the_local_mme(mme, tiny_ref
     answer = json.loads(capsys.readouterr().out)
     assert answer["model"] == "tiny-a.tar.gz"
     assert_embeddings_match(np.array(answer["embeddings"], dtype=np.float32), tiny_reference(FEW))
-
-
-@contextlib.contextmanager
-def small_disk(path: Path, size_bytes: int):
-    """A tmpfs of `size_bytes` at `path`, a disk that really fills (ENOSPC); yields resize(bytes)."""
-    def mount(*options: str) -> None:
-        done = subprocess.run(["mount", *options, str(path)], capture_output=True, text=True)
-        if done.returncode:
-            pytest.fail(f"this test fills a small tmpfs and needs to mount one (root): {done.stderr.strip()}")
-
-    path.mkdir()
-    mount("-t", "tmpfs", "-o", f"size={size_bytes}", "none")
-    try:
-        yield lambda size: mount("-o", f"remount,size={size}")
-    finally:
-        subprocess.run(["umount", "--lazy", str(path)], check=False)
-
-
-def unpacked_bytes(tarball: Path) -> int:
-    """What extracting `tarball` takes on a tmpfs: whole 4 KiB pages per file."""
-    with tarfile.open(tarball) as tar:
-        return sum(-(-m.size // 4096) * 4096 for m in tar.getmembers() if m.isfile())
 
 
 def test_local_mme_makes_room_on_a_full_disk_and_answers_507_without_remembering_it(models_dir, tmp_path, aws_env,

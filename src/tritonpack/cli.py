@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import signal
@@ -234,6 +235,16 @@ def main(argv: list[str] | None = None) -> int:
     except TritonpackError as e:  # an operation that failed; its message names the log
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        written = e.filename2 or e.filename  # shutil's copies name the source first, the destination second
+        where = Path(written or getattr(args, "dist", None) or Path.cwd()).absolute()
+        while not where.exists() and where != where.parent:  # the staging folder it was in has been removed
+            where = where.parent
+        print(f"error: no space left on the device of {where} (nothing partial was kept): free space there "
+              f"(`make clean` removes dist/) and run the command again", file=sys.stderr)
+        return 2  # a limit of the environment, as a UserError
 
 
 if __name__ == "__main__":

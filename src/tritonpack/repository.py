@@ -112,19 +112,23 @@ def write_tarball(repo_dir: Path, tar_path: Path) -> Path:
     repo_dir, tar_path = Path(repo_dir), Path(tar_path)
     tmp = tar_path.with_name(tar_path.name + ".partial")
     tar_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(tmp, "wb") as raw, \
-            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=FIXED_MTIME, compresslevel=6) as gz, \
-            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(repo_dir.rglob("*")):
-            if path.is_symlink():
-                raise ValueError(f"{path}: links are not packed into MME tarballs")
-            info = _normalised(tar.gettarinfo(str(path), arcname=str(path.relative_to(repo_dir))))
-            if info.islnk():  # a hard link to a file packed before (e.g. a staging copy): pack its bytes again
-                info.type, info.linkname, info.size = tarfile.REGTYPE, "", path.stat().st_size
-            if path.is_file():
-                with open(path, "rb") as f:
-                    tar.addfile(info, f)
-            else:
-                tar.addfile(info)
-    tmp.replace(tar_path)
+    try:
+        with open(tmp, "wb") as raw, \
+                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=FIXED_MTIME, compresslevel=6) as gz, \
+                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for path in sorted(repo_dir.rglob("*")):
+                if path.is_symlink():
+                    raise ValueError(f"{path}: links are not packed into MME tarballs")
+                info = _normalised(tar.gettarinfo(str(path), arcname=str(path.relative_to(repo_dir))))
+                if info.islnk():  # a hard link to a file packed before (e.g. a staging copy): pack its bytes again
+                    info.type, info.linkname, info.size = tarfile.REGTYPE, "", path.stat().st_size
+                if path.is_file():
+                    with open(path, "rb") as f:
+                        tar.addfile(info, f)
+                else:
+                    tar.addfile(info)
+        tmp.replace(tar_path)
+    except BaseException:  # a full disk, a link: no partial tarball is left to fill it further
+        tmp.unlink(missing_ok=True)
+        raise
     return tar_path
