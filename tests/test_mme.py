@@ -397,3 +397,27 @@ def test_local_mme_makes_room_on_a_full_disk_and_answers_507_without_remembering
 
         resize(unpacked_bytes(models_dir / "bert.tar.gz") + 4 * tiny)
         assert embed(runtime, "bert.tar.gz", FEW).shape == (len(FEW), 384)  # not remembered: served once it fits
+
+
+def test_local_mme_answers_507_when_a_download_from_s3_finds_the_disk_full(moto_server, tiny_tarball, models_dir,
+                                                                         tiny_reference, tmp_path):
+    """SageMaker's own path (tarballs on S3): a download that fills the disk is answered 507 naming the download,
+    leaves no staging file, keeps what is loaded serving, and succeeds once there is room."""
+    s3 = boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1")
+    s3.create_bucket(Bucket="mme-full-disk")
+    for target in ("tiny-a.tar.gz", "bert.tar.gz"):
+        s3.upload_file(str(models_dir / target), "mme-full-disk", f"models/{target}")
+    tiny = unpacked_bytes(tiny_tarball) + tiny_tarball.stat().st_size
+    with small_disk(tmp_path / "disk", 3 * tiny) as resize, \
+            LocalMME("s3://mme-full-disk/models", port=0, max_models=2, cache_dir=tmp_path / "disk",
+                     s3_endpoint_url=moto_server) as server:
+        runtime = runtime_for(server)
+        assert_embeddings_match(embed(runtime, "tiny-a.tar.gz", FEW), tiny_reference(FEW))
+        answer = raw_invoke(server, "bert.tar.gz", text_body())  # ~40 MB to download: does not fit
+        assert answer.status_code == 507, answer.text
+        assert "no space left on the device of the disk cache" in answer.json()["message"]
+        assert "downloading bert.tar.gz" in answer.json()["message"]
+        assert [p.name for p in server.cache.root.iterdir() if p.name.startswith(".")] == []  # no staging left
+        assert_embeddings_match(embed(runtime, "tiny-a.tar.gz", FEW), tiny_reference(FEW))
+        resize((models_dir / "bert.tar.gz").stat().st_size + unpacked_bytes(models_dir / "bert.tar.gz") + 4 * tiny)
+        assert embed(runtime, "bert.tar.gz", FEW).shape == (len(FEW), 384)

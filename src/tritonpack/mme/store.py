@@ -204,10 +204,7 @@ class TargetStore:
         staging = self.cache.staging_dir(target)
         try:
             started = time.monotonic()
-            try:
-                tarball = self.source.fetch(target, staging)
-            except Exception as e:  # noqa: BLE001 - any fetch failure is the source's answer for this target
-                raise TargetError(502, f"could not fetch {self.source.location(target)}: {e}") from e
+            tarball = self._with_room(target, in_use, "downloading", lambda: self._fetch(target, staging))
             self.metrics.observe("ModelDownloadingTime", time.monotonic() - started)
             # Judged for the container the tarball was built for (its manifest), by a server whose Python is this
             # interpreter's: python models may use its packages where the tarball carries no environment.
@@ -218,7 +215,8 @@ class TargetStore:
                                                                        [str(p) for p in problems]))
                 raise error
             try:
-                model_dir = self._extract(target, version, tarball, in_use)
+                model_dir = self._with_room(target, in_use, "extracting",
+                                            lambda: self.cache.add(target, version, tarball, self.limits))
             except ArchiveError as e:  # changed between the check and the extraction
                 raise TargetError(400, f"{target} is not deployable: unsafe archive, nothing extracted",
                                   [str(p) for p in e.problems]) from e
@@ -228,19 +226,28 @@ class TargetStore:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def _extract(self, target: str, version: str, tarball: Path, in_use: Callable[[], Iterable[str]]) -> Path:
-        """Extract into the cache; on a full disk, once more after removing every extracted target Triton does not
-        hold (as SageMaker frees an instance's volume), then 507 — never remembered as the tarball's fault."""
-        model_dir = self._add_unless_disk_full(target, version, tarball)
-        if model_dir is None and self.free_disk({*in_use(), target}, f"extracting {target}"):
-            model_dir = self._add_unless_disk_full(target, version, tarball)
-        if model_dir is None:
+    def _fetch(self, target: str, staging: Path) -> Path:
+        try:
+            return self.source.fetch(target, staging)
+        except Exception as e:  # noqa: BLE001 - any fetch failure but a full disk is the source's answer
+            if isinstance(e, OSError) and disk_full(e):
+                raise
+            raise TargetError(502, f"could not fetch {self.source.location(target)}: {e}") from e
+
+    def _with_room(self, target: str, in_use: Callable[[], Iterable[str]], doing: str, write: Callable[[], Path]) \
+            -> Path:
+        """`write()`; on a full disk, once more after removing every extracted target Triton does not hold (as
+        SageMaker frees an instance's volume), then 507 — never remembered as the tarball's fault."""
+        written = _unless_disk_full(write)
+        if written is None and self.free_disk({*in_use(), target}, f"{doing} {target}"):
+            written = _unless_disk_full(write)
+        if written is None:
             free_mb = shutil.disk_usage(self.cache.root).free / 1e6
             raise TargetError(INSUFFICIENT_STORAGE, f"no space left on the device of the disk cache {self.cache.root} "
-                                                    f"to extract {target} ({free_mb:.0f} MB free; only targets loaded "
-                                                    f"in Triton are left there): free disk space or start the MME "
-                                                    f"with --cache-dir on a larger disk")
-        return model_dir
+                                                    f"{doing} {target} ({free_mb:.0f} MB free; only targets loaded in "
+                                                    f"Triton are left there): free disk space or start the MME with "
+                                                    f"--cache-dir on a larger disk")
+        return written
 
     def free_disk(self, keep: set[str], why: str) -> list[str]:
         """The disk is full: remove every extracted target not in `keep`; the targets removed."""
@@ -250,10 +257,11 @@ class TargetStore:
             log.warning("disk full %s: removed %s from the disk cache", why, ", ".join(evicted))
         return evicted
 
-    def _add_unless_disk_full(self, target: str, version: str, tarball: Path) -> Path | None:
-        try:
-            return self.cache.add(target, version, tarball, self.limits)
-        except OSError as e:
-            if disk_full(e):
-                return None
-            raise
+
+def _unless_disk_full(write: Callable[[], Path]) -> Path | None:
+    try:
+        return write()
+    except OSError as e:
+        if disk_full(e):
+            return None
+        raise
