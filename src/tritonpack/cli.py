@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import json
 import signal
@@ -14,7 +13,7 @@ from pathlib import Path
 
 from tritonpack.containers import DEFAULT_CONTAINER
 from tritonpack.contracts import IoNames
-from tritonpack.errors import TritonpackError, UserError
+from tritonpack.errors import TritonpackError, UserError, disk_full
 
 # Modules that add their own subcommand with `add_command(subparsers)`.
 COMMAND_MODULES: tuple[str, ...] = ("tritonpack.mme", "tritonpack.check", "tritonpack.env", "tritonpack.aws")
@@ -224,8 +223,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tritonpack.errors import UserError
-
     args = parser().parse_args(argv)
     try:
         return args.func(args)
@@ -236,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if not disk_full(e):
             raise
         written = e.filename2 or e.filename  # shutil's copies name the source first, the destination second
         where = Path(written or getattr(args, "dist", None) or Path.cwd()).absolute()

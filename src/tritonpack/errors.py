@@ -1,8 +1,11 @@
 """One error hierarchy. The command line prints a `UserError` as one line and exits 2; any other `TritonpackError`
 (an operation that failed, such as a server that would not start) as one line naming its log, exit 1; anything
-else is a bug and keeps its traceback."""
+else is a bug and keeps its traceback; a full disk (`disk_full`) is a limit of the environment, printed as one line
+too."""
 
 from __future__ import annotations
+
+import errno
 
 
 class TritonpackError(Exception):
@@ -39,3 +42,8 @@ class PayloadError(UserError):
 
 class ServerError(TritonpackError):
     """tritonserver failed to start, answer or stop; the message names its log."""
+
+
+def disk_full(e: BaseException) -> bool:
+    """No space left where a file was being written (or no quota)."""
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)

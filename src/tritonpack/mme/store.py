@@ -8,7 +8,6 @@ file costs what the check reads of it), an S3 one is downloaded once into a stag
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import shutil
@@ -19,15 +18,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritonpack.errors import disk_full
 from tritonpack.mme.metrics import Metrics
 from tritonpack.mme.sources import TargetError, target_hash
 
 log = logging.getLogger("tritonpack.mme")
 INSUFFICIENT_STORAGE = 507
-
-
-def disk_full(e: OSError) -> bool:
-    return e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass
@@ -176,7 +172,7 @@ class TargetStore:
         self._target_locks: dict[str, threading.Lock] = {}
         self._refused: dict[str, tuple[str, TargetError]] = {}
 
-    def prepare(self, target: str, in_use: Callable[[], Iterable[str]] = tuple) -> Prepared:
+    def prepare(self, target: str, in_use: Callable[[], Iterable[str]]) -> Prepared:
         """`target`'s extracted folder at its current version; `in_use()` names the targets Triton holds, whose
         folders stay when a full disk makes the cache remove the others."""
         version = self.source.version(target)
@@ -230,7 +226,7 @@ class TargetStore:
         try:
             return self.source.fetch(target, staging)
         except Exception as e:  # noqa: BLE001 - any fetch failure but a full disk is the source's answer
-            if isinstance(e, OSError) and disk_full(e):
+            if disk_full(e):
                 raise
             raise TargetError(502, f"could not fetch {self.source.location(target)}: {e}") from e
 
