@@ -99,7 +99,7 @@ def test_makefile_serves_the_repository_the_last_build_chose_when_no_target_is_g
 def test_cli_build_says_in_one_line_when_the_disk_is_full_and_leaves_nothing_partial(tmp_path, test_dist):
     """A full disk is a limit of the user's machine: one line naming where and the fix, exit 2, no traceback, and
     no half-written repository left to fill the disk further."""
-    with small_disk(tmp_path / "dist", 8 << 20) as _:  # the repository alone is ~45 MB
+    with small_disk(tmp_path / "dist", 8 << 20):  # the repository alone is ~45 MB
         (tmp_path / "dist" / "cache").symlink_to(test_dist / "cache")
         result = run_cli("build", "bert", "--no-env", "--dist", str(tmp_path / "dist"))
         left = sorted(p.name for p in (tmp_path / "dist").iterdir())
@@ -112,7 +112,7 @@ def test_cli_build_says_in_one_line_when_the_disk_is_full_and_leaves_nothing_par
 def test_write_tarball_leaves_no_partial_file_when_the_disk_fills(tmp_path, build_ensemble):
     from tritonpack.repository import write_tarball
 
-    with small_disk(tmp_path / "disk", 4 << 20) as _, pytest.raises(OSError, match="No space left"):
+    with small_disk(tmp_path / "disk", 4 << 20), pytest.raises(OSError, match="No space left"):
         try:
             write_tarball(build_ensemble("bert").repository, tmp_path / "disk" / "bert.tar.gz")
         finally:

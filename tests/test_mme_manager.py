@@ -133,22 +133,16 @@ def prepared(target: str) -> Prepared:
     return Prepared(target, "v1", Path(__file__).parent)  # a folder that exists; FakeTriton reads nothing there
 
 
-class FakeCache:
-    max_bytes = 1 << 30
-
-    def evict(self, in_use: set[str], max_bytes: int | None = None) -> list[str]:
-        return []
-
-
 class FakeStore:
     """Tarballs that all pass `tritonpack check`, except BAD_TARBALL; `refuse` answers as TargetStore does;
-    `free_disk` records what it was told to keep."""
+    `evict` records what it was told to keep where the disk is full."""
 
     def __init__(self):
-        self.cache, self.refused, self.kept_on_full_disk = FakeCache(), {}, []
+        self.refused, self.kept_on_full_disk = {}, []
 
-    def free_disk(self, keep: set[str], why: str) -> list[str]:
-        self.kept_on_full_disk.append(keep)
+    def evict(self, keep: set[str], full_disk: bool = False) -> list[str]:
+        if full_disk:
+            self.kept_on_full_disk.append(keep)
         return []
 
     def prepare(self, target: str, in_use=tuple) -> Prepared:

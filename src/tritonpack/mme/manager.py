@@ -118,7 +118,7 @@ class ModelManager:
             reply = self._send(slot, lambda: self.container.load(target_hash(target), target, url))
             if reply is None or reply.status == 200 or not NO_DISK_SPACE.search(reply.message):
                 return reply
-            self.store.free_disk(self.slots.held_targets(), f"loading {target}")
+            self.store.evict(self.slots.held_targets(), full_disk=True)
             return Reply(INSUFFICIENT_STORAGE, reply.body, reply.content_type)  # room may be made: never refused
 
         started = time.monotonic()
@@ -151,10 +151,7 @@ class ModelManager:
         in_table = self.slots.loaded(slot, use)
         if in_table is None:
             return False
-        evicted = self.store.cache.evict(in_table)
-        if evicted:
-            self.metrics.inc("ModelDiskEvictions", len(evicted))
-            log.info("disk cache over %d bytes: removed %s", self.store.cache.max_bytes, ", ".join(evicted))
+        self.store.evict(in_table)
         return True
 
     def _send(self, slot: Slot, request: Callable[[], Reply]) -> Reply | None:

@@ -235,7 +235,7 @@ class TargetStore:
         """`write()`; on a full disk, once more after removing every extracted target Triton does not hold (as
         SageMaker frees an instance's volume), then 507 — never remembered as the tarball's fault."""
         written = _unless_disk_full(write)
-        if written is None and self.free_disk({*in_use(), target}, f"{doing} {target}"):
+        if written is None and self.evict({*in_use(), target}, full_disk=True):
             written = _unless_disk_full(write)
         if written is None:
             free_mb = shutil.disk_usage(self.cache.root).free / 1e6
@@ -245,12 +245,14 @@ class TargetStore:
                                                     f"--cache-dir on a larger disk")
         return written
 
-    def free_disk(self, keep: set[str], why: str) -> list[str]:
-        """The disk is full: remove every extracted target not in `keep`; the targets removed."""
-        evicted = self.cache.evict(keep, max_bytes=0)
+    def evict(self, keep: set[str], full_disk: bool = False) -> list[str]:
+        """Remove extracted targets not in `keep`, least recently used first, until the cache is within
+        `--cache-bytes`, or every one of them where the disk is full; the targets removed."""
+        evicted = self.cache.evict(keep, max_bytes=0 if full_disk else None)
         if evicted:
             self.metrics.inc("ModelDiskEvictions", len(evicted))
-            log.warning("disk full %s: removed %s from the disk cache", why, ", ".join(evicted))
+            why = "disk full" if full_disk else f"disk cache over {self.cache.max_bytes} bytes"
+            log.log(logging.WARNING if full_disk else logging.INFO, "%s: removed %s", why, ", ".join(evicted))
         return evicted
 
 
