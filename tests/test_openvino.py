@@ -301,12 +301,14 @@ print(json.dumps({"grew_mb": anonymous_mb() - before, "embedding": embedding.tol
 """
 
 
-@pytest.mark.skipif(CPU_HAS_BF16, reason="this CPU computes bf16, where OpenVINO keeps 16-bit weights anyway")
 def test_openvino_session_keeps_fp16_weights_in_16_bits_when_it_computes_f32(packed_ir, sessions):
     ir = packed_ir[1]["fp16"]
     matrix_mb = fp16_matrices_mb(ir)
     probe = {side: run_probe(MEMORY_PROBE, sessions, ir, side) for side in ("session", "plain")}
-    np.testing.assert_array_equal(probe["session"]["embedding"], probe["plain"]["embedding"])
+    if CPU_HAS_BF16:  # the plugin's kernels reading 16-bit weights differ from its f32 ones here: 2e-7 apart
+        np.testing.assert_allclose(probe["session"]["embedding"], probe["plain"]["embedding"], rtol=0, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(probe["session"]["embedding"], probe["plain"]["embedding"])
     assert matrix_mb > 20  # MiniLM's 36 matrices in fp16
     # Widened to f32 they cost twice their fp16 size per layout; kept in 16 bits, once.
     assert probe["plain"]["grew_mb"] - probe["session"]["grew_mb"] >= 0.8 * matrix_mb, probe
