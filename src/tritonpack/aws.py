@@ -147,7 +147,7 @@ def upload(tarballs: Sequence[Path], destination: str, copies: int = 1, endpoint
     tarballs = [Path(t) for t in tarballs]
     for tarball in tarballs:
         if not tarball.is_file():
-            raise FileNotFoundError(f"{tarball}: no such file")
+            raise UserError(f"{tarball}: no such file")
     if copies < 1:
         raise UserError("--copies must be at least 1")
     client = client or boto3.client("s3", endpoint_url=endpoint_url)

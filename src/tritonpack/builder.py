@@ -55,6 +55,13 @@ class BuildRequest:
             raise SpecError(f"--plan: TensorRT plans are for the gpu target, not {self.target}")
         if self.target not in recipe.targets:
             raise SpecError(f"{self.name} has no {self.target} target; it has {', '.join(recipe.targets)}")
+        text = isinstance(recipe, ensembles.TextRecipe)
+        if (self.weights is not None and text) or (self.model is not None and not text):
+            raise SpecError(f"{self.name} is {'a text' if text else 'an image'} ensemble: it takes "
+                            f"{'--model (a sentence-transformers folder)' if text else '--weights (a checkpoint file)'}"
+                            f", not {'--weights' if text else '--model'}")
+        if self.weights is not None and not Path(self.weights).is_file():
+            raise SpecError(f"--weights {self.weights}: no such file")
 
     @property
     def slug(self) -> str:

@@ -28,6 +28,9 @@ def cmd_build(args) -> int:
     if not target:
         target, reason = default_target()
         print(reason, file=sys.stderr)
+    malformed = [kv for kv in args.serving or () if "=" not in kv]
+    if malformed:
+        raise UserError(f"--serving {malformed[0]!r}: write KEY=VALUE, e.g. --serving dynamic_batching=false")
     serving = tuple(tuple(kv.split("=", 1)) for kv in args.serving or ())
     io_names = IoNames.parse(args.io_names) if args.io_names else None
     plans = tuple(tuple(p.split("=", 1)) if "=" in p else ("", p) for p in args.plan or ())
@@ -85,6 +88,9 @@ def demo_request(url: str, repo: Path) -> None:
 def cmd_serve(args) -> int:
     from tritonpack.server import TritonServer, native_backends
 
+    if not Path(args.repository).is_dir():
+        raise UserError(f"{args.repository}: no such repository folder; `make ensemble NAME=bert` builds one into "
+                        f"dist/bert-portable")
     needed, gpu = native_backends(Path(args.repository))
     if needed:  # the bundled Triton has only the python backend: say where the repository does run
         from tritonpack.containers import docker_command
@@ -115,10 +121,12 @@ def cmd_serve(args) -> int:
 
 
 def cmd_infer(args) -> int:
-    from tritonpack.client import embed
+    from tritonpack.client import served_embeddings
 
     texts = list(args.texts)
     if args.file:
+        if not Path(args.file).is_file():
+            raise UserError(f"--file {args.file}: no such file")
         texts += Path(args.file).read_text().splitlines()
     if not texts:
         raise UserError("give texts as arguments or --file")
@@ -134,7 +142,7 @@ def cmd_infer(args) -> int:
                                   endpoint_url=None if args.mme == "aws" else args.mme)
         args.model = args.target_model
     else:
-        vectors = embed(args.url, args.model, texts)
+        vectors = served_embeddings(args.url, args.model, texts)
     if args.json:
         json.dump({"model": args.model, "embeddings": vectors.tolist()}, sys.stdout)
         print()
@@ -152,7 +160,15 @@ def cmd_bench(args) -> int:
     if not (CARD_ROOT / "benchmarks" / "__main__.py").is_file():
         raise UserError("tritonpack bench runs the benchmarks of a repository checkout (benchmarks/ beside src/); "
                         "clone the repository and run `make bench` there")
-    return subprocess.call([sys.executable, "-m", "benchmarks", *args.options], cwd=CARD_ROOT)
+    options = args.options[1:] if args.options[:1] == ["--"] else args.options  # `tritonpack bench -- --mode smoke`
+    return subprocess.call([sys.executable, "-m", "benchmarks", *options], cwd=CARD_ROOT)
+
+
+def port_number(text: str) -> int:
+    """argparse type of a TCP port option (0: a free one)."""
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535; 0: a free one)")
+    return int(text)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -191,9 +207,9 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="serve a repository with the tritonserver bundled in nvidia-pytriton")
     s.add_argument("repository")
-    s.add_argument("--http-port", type=int, default=0, help="default: a free port")
-    s.add_argument("--grpc-port", type=int, default=0)
-    s.add_argument("--metrics-port", type=int, default=0)
+    s.add_argument("--http-port", type=port_number, default=0, help="default: a free port")
+    s.add_argument("--grpc-port", type=port_number, default=0)
+    s.add_argument("--metrics-port", type=port_number, default=0)
     s.add_argument("--smoke", action="store_true", help="send one example request, print the answer, stop")
     s.set_defaults(func=cmd_serve)
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from tritonpack import contracts
 from tritonpack.codec import infer_inputs, requested_outputs
+from tritonpack.errors import TritonpackError, UserError
 
 
 def infer(url: str, model: str, arrays: Mapping[str, np.ndarray], output: str, client=None,
@@ -38,6 +39,22 @@ def embed(url: str, model: str, texts: Sequence[str | bytes], client=None,
           io: contracts.IoNames = contracts.TEXT) -> np.ndarray:
     """Embedding rows for `texts`, sent as one request."""
     return infer(url, model, {io.input: contracts.text_array(texts)}, io.output, client)
+
+
+def served_embeddings(url: str, model: str, texts: Sequence[str | bytes]) -> np.ndarray:
+    """`embed` for the command line: a server that cannot be reached, or that answers an error, is one line."""
+    from tritonclient.utils import InferenceServerException
+
+    scheme, _, address = url.rpartition("://")
+    if scheme not in ("", "http"):
+        raise UserError(f"--url {url}: Triton's HTTP endpoint as host:port (or http://host:port)")
+    try:
+        return embed(address, model, texts)
+    except OSError as e:
+        raise UserError(f"nothing answers at {address} ({e.strerror or e}): start a server first, e.g. "
+                        f"`tritonpack serve dist/bert-portable --http-port 8000`, or pass its --url") from None
+    except InferenceServerException as e:
+        raise TritonpackError(f"{model} at {address}: {e.message()}") from None
 
 
 def scores(url: str, model: str, images: Sequence[bytes], client=None,

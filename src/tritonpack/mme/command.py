@@ -63,11 +63,13 @@ def cmd_mme(args) -> int:
 
 
 def add_command(subparsers) -> None:
+    from tritonpack.cli import port_number
+
     p = subparsers.add_parser("mme", help="serve MME tarballs locally, as a SageMaker multi-model endpoint would",
                               description="A local SageMaker multi-model endpoint: InvokeEndpoint on --port in "
                                           "front of tritonserver's SageMaker front-end. " + (__doc__ or ""))
     p.add_argument("--models", required=True, help="folder of tarballs, or s3://bucket/prefix")
-    p.add_argument("--port", type=int, default=8080, help="gateway port (default 8080; 0: a free one)")
+    p.add_argument("--port", type=port_number, default=8080, help="gateway port (default 8080; 0: a free one)")
     p.add_argument("--host", default="127.0.0.1", help="gateway address (default 127.0.0.1)")
     p.add_argument("--max-models", type=int, default=8, help="models loaded at once; least recently used are "
                                                              "unloaded beyond it (default 8)")
