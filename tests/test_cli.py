@@ -64,7 +64,7 @@ def closed_port() -> int:
         return sock.getsockname()[1]
 
 
-MISTAKES = {  # argv → what the one line says; each used to end in a traceback or a late failure
+MISTAKES = {  # argv → what the one line says; each used to end in a traceback, a late failure or no error
     "serving without =": (["build", "bert", "--target", "portable", "--serving", "nonsense"],
                           "error: --serving 'nonsense': write KEY=VALUE, e.g. --serving dynamic_batching=false"),
     "no encoder instance": (["build", "bert", "--target", "portable", "--serving", "encoder_instances=0"],
@@ -89,6 +89,13 @@ MISTAKES = {  # argv → what the one line says; each used to end in a traceback
               "error: --url https://127.0.0.1:{port}: Triton's HTTP endpoint as host:port"),
     "tarball missing": (["upload", "{tmp}/bert.tar.gz", "s3://bucket/models/"],
                         "error: {tmp}/bert.tar.gz: no such file"),
+    "no archive members": (["check", "{tmp}", "--max-members", "0"], "error: --max-members must be at least 1, got 0"),
+    "no payload": (["mme", "--models", "{tmp}", "--max-payload-bytes", "0"],
+                   "error: --max-models and --max-payload-bytes must be at least 1, got 8 and 0"),
+    "negative drain": (["mme", "--models", "{tmp}", "--drain-seconds", "-1"],
+                       "error: --drain-seconds cannot be negative, got -1"),
+    "cache not creatable": (["mme", "--models", "{tmp}", "--cache-dir", "/proc/tritonpack-cache"],
+                            "error: --cache-dir /proc/tritonpack-cache: cannot create it (No such file or directory)"),
 }
 
 

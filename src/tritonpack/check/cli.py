@@ -7,13 +7,17 @@ import sys
 from pathlib import Path
 
 from tritonpack.archive import ArchiveLimits
+from tritonpack.errors import UserError
 
 
 def cmd_check(args) -> int:
     from tritonpack.check import check
 
-    limits = ArchiveLimits(**{k: v for k, v in (("max_members", args.max_members),
-                                                ("max_total_bytes", args.max_total_bytes)) if v})
+    given = {"max_members": args.max_members, "max_total_bytes": args.max_total_bytes}
+    for field, value in given.items():
+        if value is not None and value < 1:
+            raise UserError(f"--{field.replace('_', '-')} must be at least 1, got {value}")
+    limits = ArchiveLimits(**{field: value for field, value in given.items() if value is not None})
     if args.local:  # the bundled Triton: its stub runs this interpreter, whose packages the models may use
         from tritonpack.server import PYTHON_VERSION, local_python_has
 

@@ -30,8 +30,11 @@ def cmd_mme(args) -> int:
     from tritonpack.mme.local import LocalMME
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    if args.max_models < 1:
-        raise UserError("--max-models must be at least 1")
+    if args.max_models < 1 or args.max_payload_bytes < 1:
+        raise UserError(f"--max-models and --max-payload-bytes must be at least 1, got {args.max_models} and "
+                        f"{args.max_payload_bytes}")
+    if args.drain_seconds < 0:
+        raise UserError(f"--drain-seconds cannot be negative, got {args.drain_seconds:g}")
     try:
         mme = LocalMME(args.models, port=args.port, host=args.host, max_models=args.max_models,
                        cache_dir=Path(args.cache_dir) if args.cache_dir else None,

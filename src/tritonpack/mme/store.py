@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonpack.errors import disk_full
+from tritonpack.errors import UserError, disk_full
 from tritonpack.mme.metrics import Metrics
 from tritonpack.mme.sources import TargetError, target_hash
 
@@ -52,7 +52,13 @@ class DiskCache:
     def __init__(self, root: Path, max_bytes: int):
         self.root = Path(root).resolve()
         self.max_bytes = max_bytes
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            if disk_full(e):
+                raise
+            raise UserError(f"--cache-dir {root}: cannot create it ({e.strerror}); name a folder this user may "
+                            f"write") from None
         self._lock = threading.Lock()
         self.entries: dict[str, CacheEntry] = {}
         for meta in self.root.glob("*/source.json"):
