@@ -81,7 +81,10 @@ MISTAKES = {  # argv → what the one line says; each used to end in a traceback
                          "error: resnet_pt is an image ensemble: it takes --weights"),
     "weights missing": (["build", "resnet_pt", "--target", "portable", "--weights", "{tmp}/w.pt"],
                         "error: --weights {tmp}/w.pt: no such file"),
-    "repository missing": (["serve", "{tmp}/missing"], "error: {tmp}/missing: no such repository folder"),
+    "repository missing": (["serve", "{tmp}/missing"], "error: {tmp}/missing: no such repository folder; `make "
+                                                       "build NAME=bert` builds one into dist/bert-portable"),
+    "ensemble not built": (["serve", "{tmp}/dali_inception-portable"],
+                           "no such repository folder; `make build NAME=dali_inception TARGET=portable` builds it"),
     "texts file missing": (["infer", "--file", "{tmp}/texts.txt"], "error: --file {tmp}/texts.txt: no such file"),
     "nothing listening": (["infer", "hello", "--url", "127.0.0.1:{port}"],
                           "error: nothing answers at 127.0.0.1:{port} (Connection refused)"),

@@ -85,12 +85,22 @@ def demo_request(url: str, repo: Path) -> None:
             print(f"{ensemble.name}: sample image → {label}")
 
 
+def build_hint(repository: Path) -> str:
+    """The command that builds `repository`, where its folder's name says which ensemble and target it is."""
+    from tritonpack.components import TARGETS
+    from tritonpack.ensembles import NAMES
+
+    name, _, target = repository.name.rpartition("-")
+    if name in NAMES and target in TARGETS:
+        return f"`make build NAME={name} TARGET={target}` builds it"
+    return "`make build NAME=bert` builds one into dist/bert-portable"
+
+
 def cmd_serve(args) -> int:
     from tritonpack.server import TritonServer, native_backends
 
     if not Path(args.repository).is_dir():
-        raise UserError(f"{args.repository}: no such repository folder; `make ensemble NAME=bert` builds one into "
-                        f"dist/bert-portable")
+        raise UserError(f"{args.repository}: no such repository folder; {build_hint(Path(args.repository))}")
     needed, gpu = native_backends(Path(args.repository))
     if needed:  # the bundled Triton has only the python backend: say where the repository does run
         from tritonpack.containers import docker_command
