@@ -361,15 +361,25 @@ def test_local_mme_serves_random_targets_when_200_copies_are_on_s3(moto_server, 
         assert status == 404 and "s3://mme-copies/bert/" in message
 
 
-def test_infer_cli_prints_embeddings_when_pointed_at_the_local_mme(mme, tiny_reference, capsys):
+def test_infer_cli_prints_embeddings_when_pointed_at_the_local_mme(mme, tiny_reference, capsys, monkeypatch,
+                                                                  tmp_path):
     from tritonpack import cli
 
-    code = cli.main(["infer", "--mme", mme.url, "--target-model", "tiny-a.tar.gz", "--format", "json", "--json",
-                     *FEW])
-    assert code == 0
+    argv = ["infer", "--mme", mme.url, "--target-model", "tiny-a.tar.gz", "--format", "json", "--json", *FEW]
+    assert cli.main(argv) == 0
     answer = json.loads(capsys.readouterr().out)
     assert answer["model"] == "tiny-a.tar.gz"
     assert_embeddings_match(np.array(answer["embeddings"], dtype=np.float32), tiny_reference(FEW))
+    # A fresh machine has no AWS credentials at all: the local MME answers all the same (it checks no signature)
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # it keeps the credentials it found first
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    assert_embeddings_match(np.array(json.loads(capsys.readouterr().out)["embeddings"], dtype=np.float32),
+                            tiny_reference(FEW))
 
 
 def test_local_mme_makes_room_on_a_full_disk_and_answers_507_without_remembering_it(models_dir, tmp_path, aws_env,

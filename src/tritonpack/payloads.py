@@ -62,8 +62,13 @@ def invoke(payload: Payload, target: str, endpoint_name: str = "local", endpoint
     if client is None:
         import boto3
 
-        client = boto3.client("sagemaker-runtime", endpoint_url=endpoint_url,
-                              region_name=region or boto3.session.Session().region_name or "us-east-1")
+        session = boto3.session.Session()
+        placeholders = {}
+        if endpoint_url is not None and session.get_credentials() is None:
+            # boto3 signs every request and refuses to without credentials; the local MME checks no signature
+            placeholders = {"aws_access_key_id": "local", "aws_secret_access_key": "local"}
+        client = session.client("sagemaker-runtime", endpoint_url=endpoint_url,
+                                region_name=region or session.region_name or "us-east-1", **placeholders)
     response = client.invoke_endpoint(EndpointName=endpoint_name, TargetModel=target, Body=payload.body,
                                       ContentType=payload.content_type)
     return response["Body"].read(), response["ContentType"]
