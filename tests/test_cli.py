@@ -76,9 +76,13 @@ MISTAKES = {  # argv → what the one line says; each used to end in a traceback
     "hub id offline": (["build", "bert", "--target", "portable", "--model", "no-such-org/no-such-model"],
                        "error: --model no-such-org/no-such-model: not a local folder, and the hub could not give it"),
     "weights for text": (["build", "bert", "--target", "portable", "--weights", "w.pt"],
-                         "error: bert is a text ensemble: it takes --model"),
+                         "error: bert is a text ensemble: --weights is for image ensembles (bert takes --model, a "
+                         "sentence-transformers folder)"),
+    "format for text": (["build", "bert", "--target", "portable", "--model-format", "onnx"],
+                        "error: bert is a text ensemble: --model-format is for image ensembles"),
     "model for images": (["build", "resnet_pt", "--target", "portable", "--model", "m"],
-                         "error: resnet_pt is an image ensemble: it takes --weights"),
+                         "error: resnet_pt is an image ensemble: --model is for text ensembles (resnet_pt takes "
+                         "--weights, a checkpoint file)"),
     "weights missing": (["build", "resnet_pt", "--target", "portable", "--weights", "{tmp}/w.pt"],
                         "error: --weights {tmp}/w.pt: no such file"),
     "repository missing": (["serve", "{tmp}/missing"], "error: {tmp}/missing: no such repository folder; `make "

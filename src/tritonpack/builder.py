@@ -56,10 +56,14 @@ class BuildRequest:
         if self.target not in recipe.targets:
             raise SpecError(f"{self.name} has no {self.target} target; it has {', '.join(recipe.targets)}")
         text = isinstance(recipe, ensembles.TextRecipe)
-        if (self.weights is not None and text) or (self.model is not None and not text):
-            raise SpecError(f"{self.name} is {'a text' if text else 'an image'} ensemble: it takes "
-                            f"{'--model (a sentence-transformers folder)' if text else '--weights (a checkpoint file)'}"
-                            f", not {'--weights' if text else '--model'}")
+        other_kind = [option for option, given, for_text in (("--model", self.model, True),
+                                                             ("--weights", self.weights, False),
+                                                             ("--model-format", self.model_format, False))
+                      if given is not None and for_text != text]
+        if other_kind:
+            raise SpecError(f"{self.name} is {'a text' if text else 'an image'} ensemble: {other_kind[0]} is for "
+                            f"{'image' if text else 'text'} ensembles ({self.name} takes "
+                            f"{'--model, a sentence-transformers folder' if text else '--weights, a checkpoint file'})")
         if self.weights is not None and not Path(self.weights).is_file():
             raise SpecError(f"--weights {self.weights}: no such file")
 
