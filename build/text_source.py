@@ -34,7 +34,7 @@ class SentenceTransformerSource:
         elif Path(model).is_dir():
             path = Path(model)
         elif Path(model).expanduser().is_absolute() or model.startswith((".", "~")) or Path(model).exists():
-            raise SpecError(f"--model {model}: no such folder (a sentence-transformers folder, or a hub id)")
+            raise SpecError(f"--model {model}: not a folder (a sentence-transformers folder, or a hub id)")
         else:
             from huggingface_hub import snapshot_download
 

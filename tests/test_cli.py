@@ -72,7 +72,7 @@ MISTAKES = {  # argv → what the one line says; each used to end in a traceback
     "negative threads": (["build", "bert", "--target", "portable", "--serving", "encoder_threads=-1"],
                          "cannot be negative, got -1, "),
     "model folder missing": (["build", "bert", "--target", "portable", "--model", "{tmp}/missing"],
-                             "error: --model {tmp}/missing: no such folder"),
+                             "error: --model {tmp}/missing: not a folder"),
     "hub id offline": (["build", "bert", "--target", "portable", "--model", "no-such-org/no-such-model"],
                        "error: --model no-such-org/no-such-model: not a local folder, and the hub could not give it"),
     "weights for text": (["build", "bert", "--target", "portable", "--weights", "w.pt"],
