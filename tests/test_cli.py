@@ -96,6 +96,8 @@ MISTAKES = {  # argv → what the one line says; each used to end in a traceback
               "error: --url https://127.0.0.1:{port}: Triton's HTTP endpoint as host:port"),
     "tarball missing": (["upload", "{tmp}/bert.tar.gz", "s3://bucket/models/"],
                         "error: {tmp}/bert.tar.gz: no such file"),
+    "envs folder not creatable": (["env", "text", "--out", "/proc/tritonpack-envs"],
+                                  "error: /proc/tritonpack-envs: No such file or directory"),
     "no archive members": (["check", "{tmp}", "--max-members", "0"], "error: --max-members must be at least 1, got 0"),
     "no payload": (["mme", "--models", "{tmp}", "--max-payload-bytes", "0"],
                    "error: --max-models and --max-payload-bytes must be at least 1, got 8 and 0"),

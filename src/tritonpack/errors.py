@@ -1,7 +1,7 @@
 """One error hierarchy. The command line prints a `UserError` as one line and exits 2; any other `TritonpackError`
 (an operation that failed, such as a server that would not start) as one line naming its log, exit 1; anything
-else is a bug and keeps its traceback; a full disk (`disk_full`) is a limit of the environment, printed as one line
-too."""
+else is a bug and keeps its traceback; a full disk (`disk_full`) and a path that is not there or not the user's to
+write (an OSError naming it) are limits of the environment, printed as one line too."""
 
 from __future__ import annotations
 
