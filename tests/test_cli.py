@@ -98,6 +98,8 @@ MISTAKES = {  # argv → what the one line says; each used to end in a traceback
                         "error: {tmp}/bert.tar.gz: no such file"),
     "envs folder not creatable": (["env", "text", "--out", "/proc/tritonpack-envs"],
                                   "error: /proc/tritonpack-envs: No such file or directory"),
+    "tarball not built": (["check", "{tmp}/bert_pt-portable.tar.gz"], "error: {tmp}/bert_pt-portable.tar.gz: no "
+                          "such file or folder; `make build NAME=bert_pt TARGET=portable` builds it"),
     "no archive members": (["check", "{tmp}", "--max-members", "0"], "error: --max-members must be at least 1, got 0"),
     "no payload": (["mme", "--models", "{tmp}", "--max-payload-bytes", "0"],
                    "error: --max-models and --max-payload-bytes must be at least 1, got 8 and 0"),

@@ -86,11 +86,12 @@ def demo_request(url: str, repo: Path) -> None:
 
 
 def build_hint(repository: Path) -> str:
-    """The command that builds `repository`, where its folder's name says which ensemble and target it is."""
+    """The command that builds `repository` (a folder or its tarball), where its name says which ensemble and
+    target it is."""
     from tritonpack.components import TARGETS
     from tritonpack.ensembles import NAMES
 
-    name, _, target = repository.name.rpartition("-")
+    name, _, target = repository.name.removesuffix(".tar.gz").rpartition("-")
     if name in NAMES and target in TARGETS:
         return f"`make build NAME={name} TARGET={target}` builds it"
     return "`make build NAME=bert` builds one into dist/bert-portable"

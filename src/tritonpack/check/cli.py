@@ -12,7 +12,10 @@ from tritonpack.errors import UserError
 
 def cmd_check(args) -> int:
     from tritonpack.check import check
+    from tritonpack.cli import build_hint
 
+    if not Path(args.path).exists():
+        raise UserError(f"{args.path}: no such file or folder; {build_hint(Path(args.path))}")
     given = {"max_members": args.max_members, "max_total_bytes": args.max_total_bytes}
     for field, value in given.items():
         if value is not None and value < 1:
