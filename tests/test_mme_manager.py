@@ -261,6 +261,31 @@ def test_model_manager_reloads_then_quarantines_when_a_target_kills_its_stub_on_
     assert outcome(manager, triton, "m0")[1] == 200 and triton.starts == 1  # no restart for anyone
 
 
+class ForgetfulTriton(FakeTriton):
+    """Forgets a loaded target behind the manager's back, and answers a call for it as Triton 2.51's SageMaker
+    front-end did in a CI run (a neighbour of a stub-killer being loaded again: 400 naming the target)."""
+
+    def forget(self, target: str) -> None:
+        with self.lock:
+            self.loaded.discard(target)
+            self.resident.discard(target)
+
+    def invoke(self, model_hash: str, target: str, body: bytes, content_type: str | None) -> Reply:
+        if target not in self.loaded:
+            return Reply(400, json.dumps({"error": f"Request for unknown model: '{target}' is not found"}).encode())
+        return super().invoke(model_hash, target, body, content_type)
+
+
+def test_model_manager_loads_again_and_answers_when_triton_forgot_a_loaded_target():
+    triton = ForgetfulTriton(2, seed=0)
+    manager = manager_for(triton, 2)
+    assert outcome(manager, triton, "m0")[1] == 200 and outcome(manager, triton, "m1")[1] == 200
+    triton.forget("m0")
+    assert outcome(manager, triton, "m0") == ("m0", 200, '{"model_name": "m0"}')  # loaded again, not a 400
+    assert manager.metrics.snapshot()["InvocationRetries"] == 1
+    assert set(manager.loaded_targets()) == triton.loaded == {"m0", "m1"} and triton.violations == []
+
+
 class FullDiskTriton(FakeTriton):
     """Loads of ENV_TARGET fail as Triton 2.51's did when /tmp was full (its python backend unpacks each packed
     environment there; the message is a CI run's) while `full()` says so."""

@@ -27,6 +27,9 @@ log = logging.getLogger("tritonpack.mme")
 # Triton 2.51 keeps a model whose python stub died registered and ready; every request through it then fails with
 # this (500 on Triton's HTTP front-end, 400 on its SageMaker front-end), within about a second.
 STUB_UNHEALTHY = re.compile(r"Stub process '[^']*' is not healthy")
+# Triton no longer has a model of a target the table holds loaded (seen once in a CI run beside a stub-killer's
+# reload, on Triton 2.51's SageMaker front-end: 400 naming the target); its HTTP front-end answers 404 with no body.
+MODEL_GONE = re.compile(r"Request for unknown model: '[^']*' is not found")
 # A load that failed because a disk is full (the python backend unpacks each packed environment under /tmp): the
 # host's state, not the tarball's fault.
 NO_DISK_SPACE = re.compile(r"No space left on device|Failed to create environment directory")
@@ -65,7 +68,7 @@ class ModelManager:
             self.slots.release(slot, served=reply is not None and reply.status == 200)
         if reply.status == 200:
             return reply
-        if reply.status == 404 and not reply.body:
+        if (reply.status == 404 and not reply.body) or MODEL_GONE.search(reply.message):
             self.slots.mark_broken(slot, "Triton no longer knows the target")
             raise Retry(RetryReason.TARGET_GONE, TargetError(503, f"Triton lost {target!r} twice during the call"))
         if STUB_UNHEALTHY.search(reply.message):
