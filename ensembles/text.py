@@ -62,7 +62,7 @@ class TextServing:
             raise SpecError(f"TextServing: tokenizer_instances, pooling_instances and encoder_instances must be at "
                             f"least 1, got {self.tokenizer_instances}, {self.pooling_instances}, "
                             f"{self.encoder_instances}")
-        if min(self.encoder_threads, self.max_queue_delay_microseconds, *self.preferred_batch_size, 0) < 0:
+        if min(self.encoder_threads, self.max_queue_delay_microseconds, *self.preferred_batch_size) < 0:
             raise SpecError(f"TextServing: encoder_threads (0: the library's default), max_queue_delay_microseconds "
                             f"and preferred_batch_size cannot be negative, got {self.encoder_threads}, "
                             f"{self.max_queue_delay_microseconds}, {self.preferred_batch_size}")

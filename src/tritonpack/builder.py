@@ -56,10 +56,8 @@ class BuildRequest:
         if self.target not in recipe.targets:
             raise SpecError(f"{self.name} has no {self.target} target; it has {', '.join(recipe.targets)}")
         text = isinstance(recipe, ensembles.TextRecipe)
-        other_kind = [option for option, given, for_text in (("--model", self.model, True),
-                                                             ("--weights", self.weights, False),
-                                                             ("--model-format", self.model_format, False))
-                      if given is not None and for_text != text]
+        other_kind = [option for option, value in ({"--weights": self.weights, "--model-format": self.model_format}
+                                                   if text else {"--model": self.model}).items() if value is not None]
         if other_kind:
             raise SpecError(f"{self.name} is {'a text' if text else 'an image'} ensemble: {other_kind[0]} is for "
                             f"{'image' if text else 'text'} ensembles ({self.name} takes "

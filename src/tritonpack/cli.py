@@ -24,13 +24,13 @@ def cmd_build(args) -> int:
     from tritonpack.builder import BuildRequest, build, default_target
     from tritonpack.check import check
 
+    malformed = [kv for kv in args.serving or () if "=" not in kv]
+    if malformed:
+        raise UserError(f"--serving {malformed[0]!r}: write KEY=VALUE, e.g. --serving dynamic_batching=false")
     target = args.target
     if not target:
         target, reason = default_target()
         print(reason, file=sys.stderr)
-    malformed = [kv for kv in args.serving or () if "=" not in kv]
-    if malformed:
-        raise UserError(f"--serving {malformed[0]!r}: write KEY=VALUE, e.g. --serving dynamic_batching=false")
     serving = tuple(tuple(kv.split("=", 1)) for kv in args.serving or ())
     io_names = IoNames.parse(args.io_names) if args.io_names else None
     plans = tuple(tuple(p.split("=", 1)) if "=" in p else ("", p) for p in args.plan or ())
