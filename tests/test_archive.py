@@ -44,6 +44,9 @@ GOOD = [member("m", None, tarfile.DIRTYPE), member("m/config.pbtxt", b'name: "m"
 
 HOSTILE = {
     "traversal": ([member("m/../../evil.txt")], Problem("m/../../evil.txt", "path", "'..' leads outside the archive")),
+    "parent_first": ([member("../evil")], Problem("../evil", "path", "'..' leads outside the archive")),
+    "parent_after_a_folder": ([member("a/../../evil")], Problem("a/../../evil", "path",
+                                                                "'..' leads outside the archive")),
     "absolute": ([member("/tmp/evil.txt")], Problem("/tmp/evil.txt", "path", "absolute path")),
     "symlink_out": ([member("m/link", None, tarfile.SYMTYPE, "../../etc")],
                     Problem("m/link", "link", "symlink to ../../etc leads outside the archive")),

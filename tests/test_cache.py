@@ -55,10 +55,24 @@ def test_cache_key_covers_machine_facts_when_producer_depends_on_them(cache, tmp
     assert len(keys) == 4
 
 
-def test_tensorrt_plan_key_names_tensorrt_and_compute_capability_when_asked():
-    from tritonpack.build.build_tensorrt import target_gpu, tensorrt_plan
+def test_tensorrt_plan_key_names_tensorrt_and_compute_capability_when_asked(cache, tmp_path, monkeypatch):
+    """TensorRT and a GPU cannot run here: the module's probe of them is replaced by stand-ins (the test says so)."""
+    import types
 
-    assert tensorrt_plan.environment is target_gpu
+    import torch
+
+    from tritonpack.build import build_tensorrt
+
+    onnx = tmp_path / "model.onnx"
+    onnx.write_bytes(b"onnx")
+    inputs = {"onnx": onnx, "profiles": (), "fp16": False}
+    keys = set()
+    for version, capability in (("10.3.0", (8, 6)), ("10.3.0", (9, 0)), ("10.7.0", (9, 0))):
+        monkeypatch.setattr(build_tensorrt, "require_tensorrt", lambda v=version: types.SimpleNamespace(__version__=v))
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda c=capability: c)
+        assert build_tensorrt.target_gpu() == {"tensorrt": version, "compute_capability": "{}.{}".format(*capability)}
+        keys.add(cache.key(build_tensorrt.tensorrt_plan, inputs))
+    assert len(keys) == 3  # a plan built for one GPU or TensorRT release is never reused for another
 
 
 def test_cache_leaves_nothing_when_producer_fails(cache, tmp_path):

@@ -82,9 +82,9 @@ MISTAKES = {  # argv → what the one line says; each used to end in a traceback
                         "error: bert is a text ensemble: --model-format is for image ensembles"),
     "model for images": (["build", "resnet_pt", "--target", "portable", "--model", "m"],
                          "error: resnet_pt is an image ensemble: --model is for text ensembles (resnet_pt takes "
-                         "--weights, a checkpoint file)"),
+                         "--weights, a checkpoint file or folder)"),
     "weights missing": (["build", "resnet_pt", "--target", "portable", "--weights", "{tmp}/w.pt"],
-                        "error: --weights {tmp}/w.pt: no such file"),
+                        "error: --weights {tmp}/w.pt: no such file or folder"),
     "repository missing": (["serve", "{tmp}/missing"], "error: {tmp}/missing: no such repository folder; `make "
                                                        "build NAME=bert` builds one into dist/bert-portable"),
     "ensemble not built": (["serve", "{tmp}/dali_inception-portable"],

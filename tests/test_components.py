@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -68,9 +69,14 @@ def test_io_names_parse_input_and_output_when_given_as_in_colon_out():
     assert str(contracts.IoNames("INPUT0", "OUTPUT0")) == "INPUT0:OUTPUT0"
 
 
-@pytest.mark.parametrize("text", ["INPUT0", "A:A", ":B", "a b:c"])
-def test_io_names_are_rejected_with_reason_when_malformed(text):
-    with pytest.raises(SpecError):
+@pytest.mark.parametrize(("text", "reason"), [
+    ("INPUT0", "--io-names 'INPUT0': expected INPUT:OUTPUT"),
+    ("A:A", "input and output are both named 'A'"),
+    (":B", "tensor name '': use letters, digits"),
+    ("a b:c", "tensor name 'a b': use letters, digits"),
+])
+def test_io_names_are_rejected_with_reason_when_malformed(text, reason):
+    with pytest.raises(SpecError, match=re.escape(reason)):
         contracts.IoNames.parse(text)
 
 

@@ -59,6 +59,7 @@ def test_served_ensemble_fails_requests_through_dead_step_and_stays_ready_when_a
     server = TritonServer(build_ensemble("bert").repository, extra_args=["--exit-timeout-secs=5"]).start()
     pgid = server.process.pid
     regions = server.stub_shm_regions()
+    assert regions, "no /dev/shm region of the server's stubs found: the check after stop() would prove nothing"
     try:
         victim = next(pid for pid, model in server.stub_models().items() if model == "bert_tokenizer")
         with Load(server, "/v2/models/bert/infer") as load:

@@ -16,11 +16,10 @@ import pytest
 from tests.reliability import hostile
 from tests.reliability.soak import EMBEDDING_ATOL, outputs
 from tests.texts import assert_embeddings_match
-from tritonpack import ensembles
 from tritonpack.ensembles.text import MAX_TEXT_BYTES
 from tritonpack.mme.request_guard import infer_request_problem
 
-TEXT_ENSEMBLES = [n for n in ("bert", "bert_pt") if n in ensembles.NAMES]
+TEXT_ENSEMBLES = ("bert", "bert_pt")
 IMAGE_ENSEMBLES = ("dali_inception", "resnet_pt", "resnet_trt")
 TEXT_CASES = hostile.text_cases(MAX_TEXT_BYTES, max_batch=64)
 STATUS_CLASS = {"2xx": range(200, 300), "4xx": range(400, 500), "5xx": range(500, 600)}
@@ -56,8 +55,6 @@ def targets(served):
 
     def _target(name: str) -> Target:
         if name not in made:
-            if name not in ensembles.NAMES:
-                pytest.skip(f"ensemble {name} is not registered yet")
             if name in IMAGE_ENSEMBLES:
                 made[name] = Target(served(name), name, hostile.image_request(hostile.sample_jpeg()))
             else:
@@ -132,8 +129,6 @@ def low_limit_server(tmp_path_factory):
     from tritonpack.builder import BuildRequest, build
     from tritonpack.server import TritonServer
 
-    if "resnet_pt" not in ensembles.NAMES:
-        pytest.skip("resnet_pt is not registered")
     dist = tmp_path_factory.mktemp("low-pixel-limit")
     (dist / "cache").symlink_to(BUILD_CACHE)  # the exports and the DALI pipeline are shared: only configs differ
     result = build(BuildRequest("resnet_pt", "portable", dist=dist,

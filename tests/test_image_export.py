@@ -131,3 +131,31 @@ def test_resnet_trt_build_stops_with_one_line_when_target_is_gpu_without_tensorr
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "TensorRT is not installed" in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_resnet_export_uses_transformers_folder_when_weights_is_a_folder(tmp_path):
+    import onnxruntime as ort
+    import torch
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    from tritonpack.build import export_resnet50
+
+    torch.manual_seed(1)  # a small ResNet with the contract's 1000 classes, saved as a user's folder would be
+    saved = ResNetForImageClassification(ResNetConfig(num_labels=1000, embedding_size=8, hidden_sizes=[8, 16],
+                                                      depths=[1, 1], layer_type="basic")).eval()
+    saved.save_pretrained(tmp_path / "resnet")
+    BuildRequest("resnet_pt", "portable", weights=str(tmp_path / "resnet"))  # a folder is accepted, not only a file
+    export_resnet50.export(tmp_path / "out", str(tmp_path / "resnet"), formats=("onnx",))
+    pixels = export_resnet50.check_batch(2)
+    with torch.inference_mode():
+        expected = saved(pixel_values=torch.from_numpy(pixels)).logits.numpy()
+    session = ort.InferenceSession(str(tmp_path / "out" / "model.onnx"), providers=["CPUExecutionProvider"])
+    actual = session.run(None, {export_resnet50.ONNX_NAMES[0]: pixels})[0]
+    assert export_resnet50.max_rel_diff(expected, actual) <= export_resnet50.MAX_REL_DIFF
+    assert json.loads((tmp_path / "out" / "export.json").read_text())["weights"] == \
+        f"transformers folder {tmp_path / 'resnet'}"
+
+    ResNetForImageClassification(ResNetConfig(num_labels=10, embedding_size=8, hidden_sizes=[8], depths=[1],
+                                              layer_type="basic")).save_pretrained(tmp_path / "ten")
+    with pytest.raises(ValueError, match="10 classes, expected 1000"):
+        export_resnet50.load_module(str(tmp_path / "ten"))

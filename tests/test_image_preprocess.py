@@ -112,7 +112,7 @@ def test_dali_preprocess_matches_pil_numpy_reference_within_one_grey_level_when_
     outputs = _run(pipelines[recipe_name], list(kinds.values()))
     channel_axis = -1 if recipe.layout == "HWC" else 0
     std = np.array(recipe.std).reshape((1, 1, 3) if channel_axis == -1 else (3, 1, 1))
-    for (kind, data), out in zip(kinds.items(), outputs):
+    for (kind, data), out in zip(kinds.items(), outputs, strict=True):
         assert out.shape == recipe.output_dims and out.dtype == np.float32, kind
         grey_levels = np.abs(out - REFERENCES[recipe_name](data, recipe)) * std
         assert grey_levels.mean() < 0.3, f"{kind}: mean difference {grey_levels.mean():.3f} grey levels"
@@ -142,7 +142,7 @@ def test_serialized_pipeline_equals_live_pipeline_when_loaded_from_model_dali(tm
     runner = SerializedPipeline.from_file(str(files["model.dali"]), input_name="IMAGE", max_batch_size=4)
     images = list(image_kinds().values())[:6]  # more than max_batch_size: run in chunks
     for got, expected in zip(runner.run([np.frombuffer(d, np.uint8) for d in images]),
-                             _run(pipelines["resnet50"], images)):
+                             _run(pipelines["resnet50"], images), strict=True):
         np.testing.assert_array_equal(got, expected)
 
 
@@ -185,7 +185,7 @@ def test_recipe_rejects_settings_when_inconsistent(kwargs, message):
 
 def _padded(images: list[bytes]) -> np.ndarray:
     rows = np.zeros((len(images), max(len(d) for d in images)), np.uint8)
-    for row, data in zip(rows, images):
+    for row, data in zip(rows, images, strict=True):
         row[:len(data)] = np.frombuffer(data, np.uint8)
     return rows
 

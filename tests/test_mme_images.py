@@ -56,7 +56,7 @@ def test_local_mme_scores_equal_direct_run_when_image_tarball_is_invoked_through
     assert content_type.startswith(codec.BINARY_JSON if fmt == "binary" else codec.JSON)
     rows = payloads.scores(body, content_type)
     assert rows.shape[0] == len(KINDS)
-    for kind, row in zip(KINDS, rows):
+    for kind, row in zip(KINDS, rows, strict=True):
         assert row.shape == expected(name)[kind].shape
         assert max_rel_diff(row, expected(name)[kind]) <= MAX_REL_DIFF, kind
 
@@ -70,7 +70,7 @@ def test_local_mme_returns_labels_when_class_count_is_given(image_mme, runtime, 
     labels = (build_ensemble(name, "portable").repository / name / "labels.txt").read_text().splitlines()
     top = payloads.labels(body, content_type)
     assert len(top) == len(kinds) and all(len(row) == 3 for row in top)
-    for kind, row in zip(kinds, top):
+    for kind, row in zip(kinds, top, strict=True):
         reference = expected(name)[kind]
         tolerance = 1e-6 + MAX_REL_DIFF * np.abs(reference).max()  # Triton prints label scores with 6 decimals
         third = np.sort(reference)[::-1][2]

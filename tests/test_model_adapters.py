@@ -63,7 +63,7 @@ def test_encoder_runner_equals_separate_runs_when_requests_have_different_length
     requests = [InferenceRequest([Tensor(n, a) for n, a in t.items()]) for t in tokens]
     together = [r.output_tensors()[0].as_numpy() for r in encoder.execute(requests)]
     alone = [encoder.execute([r])[0].output_tensors()[0].as_numpy() for r in requests]
-    for t, a, tok in zip(together, alone, tokens):
+    for t, a, tok in zip(together, alone, tokens, strict=True):
         assert t.shape == a.shape == (len(tok["input_ids"]), 384)  # the packed encoder pools: one row per text
         np.testing.assert_allclose(t, a, atol=EMBEDDING_ATOL)  # bf16: packed with others or alone, nearly equal
         assert_embeddings_match(t, a)
@@ -86,7 +86,7 @@ def test_text_encoder_equals_separate_runs_when_requests_of_different_lengths_ba
     texts = [(b"short",), (b"a much longer sentence than that", b"x"), (b"",)]
     together = [_embedding(r) for r in _answers(encoder, [_texts(*t) for t in texts])]
     alone = [_embedding(_answers(encoder, [_texts(*t)])[0]) for t in texts]
-    for t, a, request in zip(together, alone, texts):
+    for t, a, request in zip(together, alone, texts, strict=True):
         assert t.shape == a.shape == (len(request), 384)  # the packed encoder pools: one row per text
         np.testing.assert_allclose(t, a, atol=EMBEDDING_ATOL)  # bf16: packed with others or alone, nearly equal
         assert_embeddings_match(t, a)
@@ -217,7 +217,7 @@ def test_pooling_model_splits_results_per_request_when_batched(model_folders, py
     together = [r.output_tensors()[0].as_numpy() for r in model.execute(requests)]
     alone = [model.execute([r])[0].output_tensors()[0].as_numpy() for r in requests]
     assert [t.shape for t in together] == [(1, 384), (3, 384)]
-    for t, a in zip(together, alone):
+    for t, a in zip(together, alone, strict=True):
         np.testing.assert_allclose(t, a, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(np.linalg.norm(t, axis=1), 1.0, rtol=1e-5)
 

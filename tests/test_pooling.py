@@ -11,8 +11,8 @@ mean_pool = load_model_module("mean_pooling", "pooling").mean_pool
 
 def reference_mean_pool(embeddings, mask, normalize):
     rows = []
-    for tokens, row_mask in zip(embeddings, mask):
-        kept = [t for t, m in zip(tokens, row_mask) if m]
+    for tokens, row_mask in zip(embeddings, mask, strict=True):
+        kept = [t for t, m in zip(tokens, row_mask, strict=True) if m]
         vector = np.mean(kept, axis=0) if kept else np.zeros(tokens.shape[-1])
         if normalize:
             vector = vector / max(np.linalg.norm(vector), 1e-12)

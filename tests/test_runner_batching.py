@@ -31,28 +31,30 @@ def test_length_groups_makes_one_group_when_lengths_are_equal():
 def test_runner_outputs_equal_one_padded_call_when_requests_are_grouped():
     module = _runner_module()
 
-    class EchoRunner(module.FrameworkRunnerModel):
+    class EchoRunner(module.FrameworkRunnerModel):  # no attention mask: whole requests are grouped by length
         def __init__(self):
-            self.input_names, self.output_names = ["input_ids", "attention_mask"], ["token_embeddings"]
+            self.input_names, self.output_names = ["input_ids"], ["token_embeddings"]
             self.ragged, self.trimmed_outputs, self.max_padding_waste = True, {"token_embeddings"}, 0.0
-            self.calls = 0
+            self.shapes = []
 
         def session(self, batch):
-            self.calls += 1
-            ids = batch["input_ids"].astype(np.float32)
-            return {"token_embeddings": np.repeat(ids[..., None], 3, axis=2) * batch["attention_mask"][..., None]}
+            self.shapes.append(batch["input_ids"].shape)
+            return {"token_embeddings": np.repeat(batch["input_ids"][..., None].astype(np.float32), 3, axis=2)}
 
     rng = np.random.default_rng(5)
-    items = []
-    for length in (3, 17, 4, 16):
-        ids = rng.integers(1, 100, size=(2, length))
-        items.append({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    items = [{"input_ids": rng.integers(1, 100, size=(2, length))} for length in (3, 17, 4, 16)]
     runner = EchoRunner()
     results = runner._run(items)
-    assert runner.calls > 1
-    for item, result in zip(items, results):
+    assert sorted(runner.shapes) == [(2, 3), (2, 4), (2, 16), (2, 17)]  # no padding allowed: one call per length
+    for item, result in zip(items, results, strict=True):
         expected = np.repeat(item["input_ids"][..., None].astype(np.float32), 3, axis=2)
         np.testing.assert_array_equal(result["token_embeddings"], expected)
+
+    runner.max_padding_waste, runner.shapes = 0.5, []
+    results = runner._run(items)
+    assert sorted(runner.shapes) == [(4, 4), (4, 17)]  # short requests padded together, long ones together
+    for item, result in zip(items, results, strict=True):
+        np.testing.assert_array_equal(result["token_embeddings"][..., 0], item["input_ids"].astype(np.float32))
 
 
 def test_runner_groups_rows_by_real_length_when_one_request_mixes_short_and_long_rows():
@@ -137,7 +139,7 @@ def test_packed_runner_gives_every_row_its_own_tokens_and_positions_when_request
         items.append({"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
     results = runner._run(items)
     assert runner.packs == [16, 16]  # [3, 5] and [9, 2, 4, 1]: ≤ 16 real tokens each, padded to a multiple of 16
-    for item, result in zip(items, results):
+    for item, result in zip(items, results, strict=True):
         tokens = result["token_embeddings"]
         assert tokens.shape == item["input_ids"].shape + (3,)
         for row, mask in enumerate(item["attention_mask"]):
@@ -169,8 +171,8 @@ def test_packed_runner_gives_row_outputs_in_request_order_when_the_encoder_pools
         mask = np.array([[1] * n + [0] * (width - n) for n in lengths])
         items.append({"input_ids": (np.arange(mask.size).reshape(mask.shape) + 100) * mask, "attention_mask": mask})
     results = PoolingRunner()._run(items)
-    for item, result in zip(items, results):
-        expected = [[ids[0], mask.sum()] for ids, mask in zip(item["input_ids"], item["attention_mask"])]
+    for item, result in zip(items, results, strict=True):
+        expected = [[ids[0], mask.sum()] for ids, mask in zip(item["input_ids"], item["attention_mask"], strict=True)]
         np.testing.assert_array_equal(result["EMBEDDING"], expected)
 
 
@@ -241,7 +243,7 @@ def test_packed_runner_answers_the_same_when_packs_run_on_several_infer_requests
     expected = _pooling_runner(one_at_a_time, 64, 8)._run(items)
     got = _pooling_runner(together, 64, 8)._run(items)
     assert together.maps and min(together.maps) >= 2  # the batch went out as packs for both requests at once
-    for e, g, item in zip(expected, got, items):
+    for e, g, item in zip(expected, got, items, strict=True):
         np.testing.assert_array_equal(e["EMBEDDING"], g["EMBEDDING"])
         np.testing.assert_array_equal(g["EMBEDDING"][:, 1], item["attention_mask"].sum(1))  # each row its own
 
@@ -302,7 +304,7 @@ class RoutedSlotEchoSession(SlotEchoSession):
 
     def map(self, calls, shortest=None):
         self.maps.append(len(calls))
-        return [self(feeds, n) for feeds, n in zip(calls, shortest)]
+        return [self(feeds, n) for feeds, n in zip(calls, shortest, strict=True)]
 
 
 @pytest.mark.parametrize("parallel", [1, 2])
@@ -311,7 +313,7 @@ def test_packed_runner_never_packs_short_and_long_sentences_together_when_the_se
     plain, routed = SlotEchoSession(64, parallel), RoutedSlotEchoSession(64, parallel)
     expected = _pooling_runner(plain, 256, 64)._run(items)
     got = _pooling_runner(routed, 256, 64)._run(items)
-    for e, g in zip(expected, got):
+    for e, g in zip(expected, got, strict=True):
         np.testing.assert_array_equal(e["EMBEDDING"], g["EMBEDDING"])  # every row its own answer, in order
     assert len(plain.calls) < len(routed.routed)  # one class per pack costs more calls than mixing them
     for length, shortest, real in routed.routed:

@@ -28,6 +28,7 @@ def check(report, max_rss_growth: float | None) -> None:
     assert report.valid_failures == [], report.valid_failures[:5]
     assert report.hostile_unexpected == [], report.hostile_unexpected[:5]
     assert report.processes_left == [], "processes (or zombies) of the server's group outlived stop()"
+    assert report.server_regions, "no /dev/shm region of the server's stubs found: regions_left would prove nothing"
     assert report.regions_left == [], "the server's /dev/shm regions outlived stop()"
     if max_rss_growth is not None:
         assert report.unique_trend <= max_rss_growth, report.summary()

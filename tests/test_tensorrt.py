@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -26,9 +27,13 @@ def test_shape_profile_parses_min_opt_max_when_given_cli_syntax():
     assert (profile.name, profile.min, profile.opt, profile.max) == ("input_ids", (1, 1), (32, 128), (64, 256))
 
 
-@pytest.mark.parametrize("text", ["x=1x1,2x2", "x=4x4,2x2,8x8", "x=1,2x2,3x3"])
-def test_shape_profile_rejects_text_when_shapes_are_inconsistent(text):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(("text", "reason"), [
+    ("x=1x1,2x2", "profile 'x=1x1,2x2': expected NAME=MIN,OPT,MAX"),
+    ("x=4x4,2x2,8x8", "profile x: need min <= opt <= max on every axis"),
+    ("x=1,2x2,3x3", "profile x: min/opt/max ranks differ"),
+])
+def test_shape_profile_rejects_text_when_shapes_are_inconsistent(text, reason):
+    with pytest.raises(ValueError, match=re.escape(reason)):
         ShapeProfile.parse(text)
 
 

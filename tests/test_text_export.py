@@ -66,6 +66,9 @@ def test_max_diff_ignores_padded_positions_when_they_differ():
 
 
 def test_build_prints_no_progress_bar_when_it_loads_weights(tiny_model, capfd):
+    from transformers.utils import logging
+
+    logging.enable_progress_bar()  # process-wide: an earlier load in this process may have turned it off already
     _load(tiny_model)
     captured = capfd.readouterr()
     assert "Loading weights" not in captured.err + captured.out

@@ -59,11 +59,11 @@ class BuildRequest:
         other_kind = [option for option, value in ({"--weights": self.weights, "--model-format": self.model_format}
                                                    if text else {"--model": self.model}).items() if value is not None]
         if other_kind:
+            takes = "--model, a sentence-transformers folder" if text else "--weights, a checkpoint file or folder"
             raise SpecError(f"{self.name} is {'a text' if text else 'an image'} ensemble: {other_kind[0]} is for "
-                            f"{'image' if text else 'text'} ensembles ({self.name} takes "
-                            f"{'--model, a sentence-transformers folder' if text else '--weights, a checkpoint file'})")
-        if self.weights is not None and not Path(self.weights).is_file():
-            raise SpecError(f"--weights {self.weights}: no such file")
+                            f"{'image' if text else 'text'} ensembles ({self.name} takes {takes})")
+        if self.weights is not None and not Path(self.weights).exists():
+            raise SpecError(f"--weights {self.weights}: no such file or folder")
 
     @property
     def slug(self) -> str:

@@ -194,7 +194,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--target", choices=TARGETS, help="default: gpu with a CUDA GPU and TensorRT, else portable")
     b.add_argument("--model", help="text ensembles: local sentence-transformers folder or hub id "
                                    "(default: the bundled all-MiniLM-L6-v2)")
-    b.add_argument("--weights", help="image ensembles: local weights file")
+    b.add_argument("--weights", help="image ensembles: local weights (resnet: a torchvision .pth state dict or a "
+                                      "transformers ResNet folder; dali_inception: a frozen TF graph)")
     b.add_argument("--fp16", action="store_true", help="TensorRT plans in fp16")
     b.add_argument("--serving", action="append", metavar="KEY=VALUE",
                    help="override a serving setting of the recipe, e.g. dynamic_batching=false, encoder_instances=2, "

@@ -231,7 +231,7 @@ def inject_faults(url: str, gateway: subprocess.Popen, phase_s: float) -> list[F
 
 def judge_faults(faults: list[Fault], requests, terminated: float) -> None:
     ends = [f.at for f in faults[1:]] + [terminated]
-    for fault, end in zip(faults, ends):
+    for fault, end in zip(faults, ends, strict=True):
         phase = [r for r in requests if fault.at <= r[0] + r[3] < end and r[1] in HEALTHY]  # ended in the phase
         lost = [r for r in phase if r[2] != 200]
         fault.healthy_requests, fault.healthy_lost = len(phase), len(lost)
