@@ -20,6 +20,10 @@ from nvidia.dali import pipeline_def
 INPUT_NAME = "IMAGE"  # like the DALI model's config input: external_source feeds it by name
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+# A shorter-side resize of a long, thin image grows both sides (2000x1 → 512000x256: 390 MB from an 86-byte PNG).
+# The longer side is capped at this many times the shorter side's target: any aspect ratio up to 64 resizes as
+# torchvision does; beyond it the center crop does not fit and the image is refused as undecodable.
+MAX_ASPECT_RATIO = 64
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,7 @@ def preprocess(encoded, recipe: Recipe, device: str = "cpu"):
                            interp_type=types.INTERP_LINEAR)
     else:
         images = fn.resize(images, resize_shorter=recipe.resize_shorter, antialias=recipe.antialias,
-                           interp_type=types.INTERP_LINEAR)
+                           interp_type=types.INTERP_LINEAR, max_size=recipe.resize_shorter * MAX_ASPECT_RATIO)
     return fn.crop_mirror_normalize(images, crop=(recipe.size, recipe.size), mean=list(recipe.mean),
                                     std=list(recipe.std), dtype=types.FLOAT, output_layout=recipe.layout)
 

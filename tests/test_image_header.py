@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import struct
 
 import pytest
 from PIL import Image
@@ -24,6 +25,24 @@ def encoded(fmt: str, size=(37, 23), **options) -> bytes:
                                          ("JPEG", {"exif": b"Exif\0\0" + bytes(3000)})])
 def test_image_size_reads_width_and_height_when_header_is_real(fmt, options):
     assert image_size(encoded(fmt, **options)) == (37, 23)
+
+
+@pytest.mark.parametrize("fmt", ["BMP", "TIFF", "WEBP", "PPM", "JPEG2000"])
+def test_image_size_reads_width_and_height_when_the_format_is_another_that_dali_decodes(fmt):
+    assert image_size(encoded(fmt)) == (37, 23)
+
+
+def bmp_claiming(width: int, height: int) -> bytes:
+    """A 1x1 BMP whose header claims `width` x `height` (little-endian at bytes 18 and 22 of its info header)."""
+    data = bytearray(encoded("BMP", size=(1, 1)))
+    data[18:26] = struct.pack("<ii", width, height)
+    return bytes(data)
+
+
+def test_check_image_pixels_rejects_image_when_a_bmp_header_claims_more_than_limit():
+    # before: only PNG and JPEG were read, and a 1 KB RLE BMP claiming 8000x8000 decoded to 192 MB unchecked
+    with pytest.raises(ClientError, match=r"^IMAGE\[0\] header claims 8000x8000 = 64000000 pixels"):
+        check_image_pixels(bmp_claiming(8000, 8000), 50_000_000, "IMAGE[0]")
 
 
 def test_image_size_reads_claimed_size_when_jpeg_header_is_patched():

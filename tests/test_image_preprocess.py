@@ -14,6 +14,8 @@ normalisation moves the mean to well above one level.
 from __future__ import annotations
 
 import io
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -162,6 +164,44 @@ def test_serialized_pipeline_recovers_when_a_sample_cannot_be_decoded(tmp_path):
             runner.run([good, np.frombuffer(bad, np.uint8)])
         assert "Traceback" not in str(raised.value) and "\n" not in str(raised.value)
     assert runner.run([good])[0].shape == (3, 224, 224)
+
+
+LONG_THIN_PROBE = """
+import io, json, resource, sys
+import numpy as np
+from PIL import Image
+sys.path.insert(0, sys.argv[1])
+from serialized_pipeline import PipelineRunFailed, SerializedPipeline
+
+runner = SerializedPipeline.from_file(sys.argv[2], input_name="IMAGE", max_batch_size=1)
+answers = []
+for size in ((64 * 256 // 224 * 2, 2), (2000, 1)):  # aspect 73: the crop still fits; 2000:1 it cannot
+    image = io.BytesIO()
+    Image.new("RGB", size, (200, 10, 10)).save(image, "PNG")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        answers.append(list(runner.run([np.frombuffer(image.getvalue(), np.uint8)])[0].shape))
+    except PipelineRunFailed:
+        answers.append("refused")
+    answers.append((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+print(json.dumps(answers))
+"""
+
+
+def test_serialized_pipeline_bounds_the_resize_when_an_image_is_long_and_thin(tmp_path):
+    """A 2000x1 PNG is 86 bytes and far inside the pixel limit; resized to a shorter side of 256 it would be
+    512,000x256 (390 MB, and 3.9 GB at 20000x1): the pipeline caps the longer side instead, and the crop refuses
+    it."""
+    import subprocess
+    import sys
+
+    files = serialize("resnet50", tmp_path, max_batch_size=1, threads=1)
+    folder = str(Path(serialized_pipeline.__file__).parent)
+    answers = json.loads(subprocess.run([sys.executable, "-c", LONG_THIN_PROBE, folder, str(files["model.dali"])],
+                                  capture_output=True, text=True, check=True).stdout)
+    fits, fits_grew_mb, refused, refused_grew_mb = answers
+    assert fits == [3, 224, 224] and refused == "refused", answers
+    assert fits_grew_mb < 100 and refused_grew_mb < 100, answers  # MB of peak memory each run added
 
 
 def test_rows_to_samples_rejects_input_when_empty_or_wrong_dtype():

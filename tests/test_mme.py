@@ -205,11 +205,20 @@ def test_local_mme_answers_400_naming_the_problem_when_tarball_is_bad(mme, runti
     assert_embeddings_match(embed(runtime, "tiny-a.tar.gz", FEW), tiny_reference(FEW))  # still serving
 
 
-def test_local_mme_propagates_triton_400_when_request_names_an_unknown_input(mme, runtime):
+def test_local_mme_answers_424_with_tritons_400_when_request_names_an_unknown_input(mme, runtime):
+    """As SageMaker answers a model's error: 424 ModelError, the model's own status in OriginalStatusCode."""
     body = codec.request_body({"NOPE": np.array([[b"x"]], dtype=np.object_)}, ["EMBEDDING"], "json")
-    status, code, message = error_of(lambda: runtime.invoke_endpoint(
-        EndpointName="local", TargetModel="tiny-a.tar.gz", Body=body.body, ContentType=body.content_type))
-    assert (status, code) == (400, "ModelError") and "NOPE" in message
+    before = metrics(mme)
+    with pytest.raises(ClientError) as info:
+        runtime.invoke_endpoint(EndpointName="local", TargetModel="tiny-a.tar.gz", Body=body.body,
+                                ContentType=body.content_type)
+    error = info.value.response
+    assert (error["ResponseMetadata"]["HTTPStatusCode"], error["Error"]["Code"]) == (424, "ModelError")
+    assert error["OriginalStatusCode"] == 400 and "NOPE" in error["OriginalMessage"]
+    assert error["Error"]["Message"].startswith("Received client error (400) from model 'tiny-a.tar.gz' with message")
+    after = metrics(mme)  # counted as the model answered, as CloudWatch's Invocation4XXErrors are
+    assert (after["Invocation4XXErrors"] - before["Invocation4XXErrors"],
+            after["Invocation5XXErrors"] - before["Invocation5XXErrors"]) == (1, 0)
 
 
 def test_local_mme_serves_metrics_named_like_cloudwatch_when_scraped(mme):

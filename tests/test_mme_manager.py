@@ -152,6 +152,9 @@ class FakeStore:
             raise self.refused[target]
         return prepared(target)
 
+    def refusal(self, prepared: Prepared) -> TargetError | None:
+        return self.refused.get(prepared.target)
+
     def refuse(self, prepared: Prepared, error: TargetError) -> None:
         self.refused[prepared.target] = error
 
@@ -262,8 +265,15 @@ def test_model_manager_reloads_then_quarantines_when_a_target_kills_its_stub_on_
 
 
 class ForgetfulTriton(FakeTriton):
-    """Forgets a loaded target behind the manager's back, and answers a call for it as Triton 2.51's SageMaker
-    front-end did in a CI run (a neighbour of a stub-killer being loaded again: 400 naming the target)."""
+    """Answers a call it cannot resolve as Triton 2.51's SageMaker front-end did in a CI run (a neighbour of a
+    stub-killer being loaded again: 400 naming the target): for a target it forgot behind the manager's back, or for
+    the next `missed_lookups` calls, as its core's unlocked name lookup does when it races another model's load."""
+
+    missed_lookups, loads = 0, 0
+
+    def load(self, model_hash: str, target: str, url: Path) -> Reply:
+        self.loads += 1
+        return super().load(model_hash, target, url)
 
     def forget(self, target: str) -> None:
         with self.lock:
@@ -271,7 +281,9 @@ class ForgetfulTriton(FakeTriton):
             self.resident.discard(target)
 
     def invoke(self, model_hash: str, target: str, body: bytes, content_type: str | None) -> Reply:
-        if target not in self.loaded:
+        with self.lock:
+            missed, self.missed_lookups = self.missed_lookups > 0, max(self.missed_lookups - 1, 0)
+        if missed or target not in self.loaded:
             return Reply(400, json.dumps({"error": f"Request for unknown model: '{target}' is not found"}).encode())
         return super().invoke(model_hash, target, body, content_type)
 
@@ -282,7 +294,19 @@ def test_model_manager_loads_again_and_answers_when_triton_forgot_a_loaded_targe
     assert outcome(manager, triton, "m0")[1] == 200 and outcome(manager, triton, "m1")[1] == 200
     triton.forget("m0")
     assert outcome(manager, triton, "m0") == ("m0", 200, '{"model_name": "m0"}')  # loaded again, not a 400
-    assert manager.metrics.snapshot()["InvocationRetries"] == 1
+    assert manager.metrics.snapshot()["InvocationRetries"] == 2  # the call again, then a load and the call
+    assert manager.metrics.snapshot()["ModelReloads"] == 1
+    assert set(manager.loaded_targets()) == triton.loaded == {"m0", "m1"} and triton.violations == []
+
+
+def test_model_manager_calls_again_without_a_reload_when_triton_missed_a_name_once():
+    triton = ForgetfulTriton(2, seed=0)
+    manager = manager_for(triton, 2)
+    assert outcome(manager, triton, "m0")[1] == 200 and outcome(manager, triton, "m1")[1] == 200
+    loads, triton.missed_lookups = triton.loads, 1
+    assert outcome(manager, triton, "m0") == ("m0", 200, '{"model_name": "m0"}')
+    assert manager.metrics.snapshot()["InvocationRetries"] == 1 and triton.loads == loads  # nothing loaded again
+    assert manager.metrics.snapshot().get("ModelReloads", 0) == 0
     assert set(manager.loaded_targets()) == triton.loaded == {"m0", "m1"} and triton.violations == []
 
 
@@ -341,6 +365,31 @@ def test_model_manager_answers_503_and_remembers_nothing_when_the_folder_it_load
     assert status == 503 and "removed from the full disk cache" in message and store.refused == {}
 
 
+def test_model_manager_answers_a_waiting_first_call_with_the_refusal_without_loading_again_or_evicting():
+    """Two first calls for a target Triton refuses: the second waits while the first loads; once refused, it gets
+    the same 400 and neither loads the target again nor takes the slot the evicted target is loaded back into."""
+    class SlowRefusal(FakeTriton):
+        loads: list[str] = []
+
+        def load(self, model_hash: str, target: str, url: Path) -> Reply:
+            self.loads.append(target)
+            if target == LOAD_REFUSED:
+                time.sleep(0.3)  # the second call is waiting for the slot by now
+            return super().load(model_hash, target, url)
+
+    triton = SlowRefusal(2, seed=0)
+    manager = manager_for(triton, 2)
+    assert outcome(manager, triton, "m0")[1] == 200 and outcome(manager, triton, "m1")[1] == 200
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(outcome, manager, triton, LOAD_REFUSED)
+        time.sleep(0.1)
+        second = pool.submit(outcome, manager, triton, LOAD_REFUSED)
+        answers = [first.result(), second.result()]
+    assert [status for _, status, _ in answers] == [400, 400], answers
+    assert triton.loads.count(LOAD_REFUSED) == 1 and triton.loads.count("m0") == 2  # m0 evicted, then back
+    assert set(manager.loaded_targets()) == triton.loaded == {"m0", "m1"} and triton.violations == []
+
+
 def table_with(max_models: int, *targets: str) -> SlotTable:
     """A slot table with `targets` loaded, the first the least recently used."""
     table = SlotTable(max_models, Metrics())
@@ -359,6 +408,22 @@ def test_slot_table_restores_no_target_that_another_call_is_making_room_for():
     table.drop(refused)  # Triton refused the load: its evicted target would be loaded again...
     assert table.reserve(prepared("m2")) is None  # ...but the call above is loading it already
     assert table.hand_over(making_room, wanted) and [s.target for s in table.snapshot()] == ["m2"]
+
+
+def test_slot_table_answers_503_in_time_when_a_targets_unload_never_finishes():
+    """A broken target whose unload timed out and whose restart the budget refused keeps its slot UNLOADING
+    (`keep_unloading`): a later call for it waited with no deadline, holding its HTTP thread for good."""
+    table = table_with(2, "m0", "m1")
+    stuck = table.start_unloading(keep="m1")
+    assert stuck.target == "m0"
+    table.keep_unloading(stuck)
+    assert table.metrics.snapshot()["LoadedModelCount"] == 1  # unloading is not loaded
+    started = time.monotonic()
+    with pytest.raises(TargetError) as raised:
+        table.claim(prepared("m0"), started + 0.6, lambda: False)
+    assert raised.value.status == 503 and raised.value.retry_after == 1
+    assert raised.value.message == "'m0' was still being loaded or unloaded by another call"
+    assert 0.6 <= time.monotonic() - started < 2.0
 
 
 def test_slot_table_sends_nothing_for_a_slot_a_restart_dropped_and_holds_the_restart_while_requests_are_out():

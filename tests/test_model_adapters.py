@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.fake_pb_utils import InferenceRequest, Tensor, TritonError
+from tests.fake_pb_utils import InferenceRequest, Logger, Tensor, TritonError
 from tests.model_folders import config_json, link_files
 from tests.reliability.soak import EMBEDDING_ATOL
 from tests.texts import assert_embeddings_match
@@ -167,7 +167,9 @@ def test_text_encoder_answers_each_request_alone_when_its_batch_fails(text_encod
     responses = [r.get_response_sender().wait() for r in [first, *queued]]
     assert [r.has_error() for r in responses] == [False, False, True, False]
     assert responses[2].error().code() == TritonError.INTERNAL
-    assert "the framework failed" in responses[2].error().message()
+    # the client learns the kind of failure; its text (paths, tracebacks) goes to the server log only
+    assert responses[2].error().message() == "internal error (RuntimeError); the server log has the details"
+    assert any("RuntimeError: the framework failed" in message for _, message in Logger.messages)
 
 
 def test_text_encoder_answers_what_is_queued_before_it_unloads(text_encoder, python_model):
@@ -183,6 +185,34 @@ def test_text_encoder_answers_what_is_queued_before_it_unloads(text_encoder, pyt
     late = _texts(b"after unloading")
     encoder.execute([late])
     assert late.get_response_sender().wait().error().code() == TritonError.UNAVAILABLE
+
+
+def test_respond_all_answers_a_failing_item_with_its_error_type_only_and_the_others_with_their_results():
+    from tests import fake_pb_utils
+    from tritonpack.components import load_model_module
+
+    batched = load_model_module("shared", "batched_requests")
+
+    def compute(items):
+        if "torchscript" in items:  # what a TorchScript error's text looks like: source paths and a traceback
+            raise RuntimeError('The following operation failed in the TorchScript interpreter.\nTraceback of '
+                               'TorchScript (most recent call last):\n  File "/home/builder/model.py", line 12')
+        return [np.array([len(item)]) for item in items]
+
+    def parse(request):
+        if request == "bad":
+            raise batched.ClientError("TEXT must be BYTES")
+        return request
+
+    responses = batched.respond_all(fake_pb_utils.module(), ["ok", "bad", "torchscript", "fine"], parse, compute,
+                                    lambda result: [Tensor("N", result)], Logger)
+    assert [r.has_error() for r in responses] == [False, True, True, False]
+    assert (responses[1].error().code(), responses[1].error().message()) == (TritonError.INVALID_ARG,
+                                                                             "TEXT must be BYTES")
+    assert responses[2].error().code() == TritonError.INTERNAL
+    assert responses[2].error().message() == "internal error (RuntimeError); the server log has the details"
+    assert any("/home/builder/model.py" in message for _, message in Logger.messages)  # the log keeps it all
+    assert [r.output_tensors()[0].as_numpy()[0] for r in (responses[0], responses[3])] == [2, 4]
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +236,27 @@ def test_packed_encoder_fails_only_the_request_whose_mask_is_not_right_padded(to
     assert responses[1].error().code() == TritonError.INVALID_ARG
     assert "right padding" in responses[1].error().message()
     assert responses[2].output_tensors()[0].as_numpy().shape == (1, 384)
+
+
+def test_packed_encoder_fails_only_the_request_without_tokens_and_its_neighbours_keep_their_embeddings(
+        token_encoder, python_model):
+    """A [1, 0] request (Triton passes zero-length dimensions on) was packed as one token long: every later
+    sentence in its pack was read one token off."""
+    encoder = python_model(token_encoder)
+
+    def request(ids):
+        ids = np.array([ids], dtype=np.int64).reshape(1, len(ids))
+        return InferenceRequest([Tensor("input_ids", ids), Tensor("attention_mask", np.ones_like(ids)),
+                                 Tensor("token_type_ids", np.zeros_like(ids))])
+
+    first, second = [101, 7592, 2088, 102], [101, 2023, 2003, 1037, 6251, 102]
+    alone = [encoder.execute([request(ids)])[0].output_tensors()[0].as_numpy() for ids in (first, second)]
+    responses = encoder.execute([request(first), request([]), request(second)])
+    assert [r.has_error() for r in responses] == [False, True, False]
+    assert responses[1].error().code() == TritonError.INVALID_ARG
+    assert "at least one token long" in responses[1].error().message()
+    for response, expected in zip((responses[0], responses[2]), alone, strict=True):
+        np.testing.assert_allclose(response.output_tensors()[0].as_numpy(), expected, atol=EMBEDDING_ATOL)
 
 
 def test_pooling_model_splits_results_per_request_when_batched(model_folders, python_model):

@@ -147,10 +147,11 @@ class FrameworkRunnerModel:
 
     def _parse(self, request):
         item = {name: read_input(self.pb_utils, request, name) for name in self.input_names}
-        if self.max_pack_tokens and not (item[MASK].ndim == 2 and _right_padded(item[MASK])
+        if self.max_pack_tokens and not (item[MASK].ndim == 2 and item[MASK].shape[1] > 0
+                                         and _right_padded(item[MASK])
                                          and all(a.shape == item[MASK].shape for a in item.values())):
-            raise ClientError(f"{MASK} must be [rows, tokens] of 1s then 0s (right padding), shaped like every other "
-                              f"input, for this encoder")
+            raise ClientError(f"{MASK} must be [rows, tokens] of 1s then 0s (right padding), at least one token "
+                              f"long and shaped like every other input, for this encoder")
         return item
 
     def _run(self, items):

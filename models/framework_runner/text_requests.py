@@ -16,7 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from batched_requests import ClientError, error_response, respond_all
+from batched_requests import ClientError, error_response, internal_error, respond_all
 from tokenize_text import TextInput, TextTokenizer
 
 
@@ -125,5 +125,6 @@ class TextRequests:
         elif isinstance(response, Closed):
             response = error_response(self._pb, str(response), errors.UNAVAILABLE)
         elif isinstance(response, Exception):
-            response = error_response(self._pb, f"{type(response).__name__}: {response}", errors.INTERNAL)
+            self._pb.Logger.log_error(f"answering a request failed: {type(response).__name__}: {response}")
+            response = internal_error(self._pb, response)
         sender.send(response, flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

@@ -79,15 +79,22 @@ def respond_all(pb_utils, requests, parse: Callable, compute: Callable, to_tenso
                     except Exception as single:  # noqa: BLE001
                         results.append(single)
     for i, result in zip(positions, results):
-        if isinstance(result, Exception):
-            if logger is not None and not isinstance(result, ClientError):
+        if isinstance(result, ClientError):
+            responses[i] = error_response(pb_utils, str(result), pb_utils.TritonError.INVALID_ARG)
+        elif isinstance(result, Exception):
+            if logger is not None:
                 logger.log_error(f"inference failed: {type(result).__name__}: {result}")
-            client = isinstance(result, ClientError)
-            code = pb_utils.TritonError.INVALID_ARG if client else pb_utils.TritonError.INTERNAL
-            responses[i] = error_response(pb_utils, str(result), code)
+            responses[i] = internal_error(pb_utils, result)
         else:
             responses[i] = pb_utils.InferenceResponse(output_tensors=to_tensors(result))
     return responses
+
+
+def internal_error(pb_utils, error: Exception):
+    """An INTERNAL error response naming only the exception's type: its text (a TorchScript error carries the build
+    machine's source paths and a traceback) is for the server log, not for the client."""
+    return error_response(pb_utils, f"internal error ({type(error).__name__}); the server log has the details",
+                          pb_utils.TritonError.INTERNAL)
 
 
 def error_response(pb_utils, message: str, code):

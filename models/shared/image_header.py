@@ -1,6 +1,8 @@
-"""Image dimensions from the JPEG/PNG header, read before any decoding (decompression-bomb guard).
+"""Image dimensions from the image's header, read before any decoding (decompression-bomb guard).
 
-Copied beside each python model's `model.py` at build time; standard library only.
+PNG and JPEG, nearly all traffic, are read here with the standard library; the other formats DALI decodes (BMP,
+TIFF, WebP, PNM, JPEG 2000) by nvImageCodec's parsers, the library DALI decodes them with. Copied beside each python
+model's `model.py` at build time.
 """
 
 from __future__ import annotations
@@ -15,11 +17,27 @@ JPEG_FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
 def image_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) claimed by a PNG or JPEG header; None when the format is not recognised."""
-    if data[:8] == PNG_SIGNATURE and len(data) >= 24 and data[12:16] == b"IHDR":
-        return struct.unpack(">II", data[16:24])
-    if data[:2] != b"\xff\xd8":
+    """(width, height) claimed by the image's header; None when no decoder could read it."""
+    if data[:8] == PNG_SIGNATURE:
+        return struct.unpack(">II", data[16:24]) if len(data) >= 24 and data[12:16] == b"IHDR" else None
+    if data[:2] == b"\xff\xd8":
+        return _jpeg_size(data)
+    return _other_format_size(data)
+
+
+def _other_format_size(data: bytes) -> tuple[int, int] | None:
+    try:
+        from nvidia import nvimgcodec
+    except ImportError:  # no DALI beside this model: nothing decodes the image either
         return None
+    try:
+        stream = nvimgcodec.CodeStream(data)
+        return stream.width, stream.height
+    except RuntimeError:  # no parser recognised it: DALI refuses it as undecodable
+        return None
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
     i = 2
     while i + 4 <= len(data):
         if data[i] != 0xFF:

@@ -22,6 +22,7 @@ from tritonpack.mme.container import TARGET_HEADER, Reply
 from tritonpack.mme.manager import ModelManager
 from tritonpack.mme.request_guard import MAX_PAYLOAD_BYTES, infer_request_problem
 from tritonpack.mme.sources import TargetError
+from tritonpack.mme.store import INSUFFICIENT_STORAGE
 
 log = logging.getLogger("tritonpack.mme")
 ENDPOINT_NAME = re.compile(r"[A-Za-z0-9](?:-*[A-Za-z0-9]){0,62}")
@@ -39,6 +40,9 @@ def request_problem(body: bytes, content_type: str | None) -> str | None:
     except PayloadError as e:
         return str(e)
     return infer_request_problem(body, None if size is None else str(size))
+
+
+MODEL_STATUS = web.ResponseKey("model_status", int)  # what the 4XX/5XX metrics count, as CloudWatch's do
 
 
 def error_response(code: str, message: str, status: int, problems: list | None = None, original: int | None = None,
@@ -160,8 +164,14 @@ class Gateway:
         except Exception as e:  # noqa: BLE001 - the gateway must keep serving; the reason goes to the caller
             log.exception("invocation of %s failed", target)
             return error_response("InternalFailure", f"{type(e).__name__}: {e}", 500)
-        if reply.status != 200:
+        if reply.status == INSUFFICIENT_STORAGE:  # Triton is out of memory and no idle target could be unloaded
             return error_response("ModelError", f"{target}: {reply.message}", reply.status, original=reply.status)
+        if reply.status != 200:  # as SageMaker answers a model's error: 424, the model's own status beside it
+            kind = "client" if reply.status < 500 else "server"
+            response = error_response("ModelError", f"Received {kind} error ({reply.status}) from model {target!r} "
+                                                    f"with message \"{reply.message}\"", 424, original=reply.status)
+            response[MODEL_STATUS] = reply.status
+            return response
         return web.Response(body=reply.body, headers={"Content-Type": reply.content_type,
                                                       "x-Amzn-Invoked-Production-Variant": "AllTraffic"})
 
@@ -179,8 +189,9 @@ class Gateway:
 
     def _counted(self, response: web.Response) -> web.Response:
         self.metrics.inc("Invocations")
-        if response.status >= 400:
-            self.metrics.inc("Invocation4XXErrors" if response.status < 500 else "Invocation5XXErrors")
+        status = response.get(MODEL_STATUS, response.status)
+        if status >= 400:
+            self.metrics.inc("Invocation4XXErrors" if status < 500 else "Invocation5XXErrors")
         return response
 
     # ---- stopping ---------------------------------------------------------------------------------------------

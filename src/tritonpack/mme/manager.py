@@ -27,8 +27,11 @@ log = logging.getLogger("tritonpack.mme")
 # Triton 2.51 keeps a model whose python stub died registered and ready; every request through it then fails with
 # this (500 on Triton's HTTP front-end, 400 on its SageMaker front-end), within about a second.
 STUB_UNHEALTHY = re.compile(r"Stub process '[^']*' is not healthy")
-# Triton no longer has a model of a target the table holds loaded (seen once in a CI run beside a stub-killer's
-# reload, on Triton 2.51's SageMaker front-end: 400 naming the target); its HTTP front-end answers 404 with no body.
+# Triton could not resolve the name of a target the table holds loaded: 400 on Triton 2.51's SageMaker front-end
+# (seen in a CI run while a neighbour was being loaded again). With model namespacing its core looks each request's
+# model name up in a map that every load or unload of any model replaces, and reads it without the lock the
+# replacement holds, so a lookup racing another target's load misses a name that is there: the same call succeeds
+# at once. A target really gone (restart, unload behind our back) keeps failing, and is loaded again.
 MODEL_GONE = re.compile(r"Request for unknown model: '[^']*' is not found")
 # A load that failed because a disk is full (the python backend unpacks each packed environment under /tmp): the
 # host's state, not the tarball's fault.
@@ -61,9 +64,16 @@ class ModelManager:
 
     def _attempt(self, target: str, body: bytes, content_type: str | None) -> Reply:
         slot, reply = self._acquire(target), None
+
+        def call() -> Reply:
+            return self.recovery.call(lambda: self.container.invoke(target_hash(target), target, body, content_type))
+
         try:
-            reply = self.recovery.call(lambda: self.container.invoke(target_hash(target), target, body,
-                                                                     content_type))
+            reply = call()
+            if MODEL_GONE.search(reply.message):  # a name lookup that raced another target's load: once more
+                self.metrics.inc("InvocationRetries")
+                log.info("%s: trying again: Triton did not resolve the name (%s)", target, reply.message)
+                reply = call()
         finally:
             self.slots.release(slot, served=reply is not None and reply.status == 200)
         if reply.status == 200:
@@ -91,7 +101,8 @@ class ModelManager:
         self.metrics.inc("ModelCacheMiss")
         reloaded = None  # why the target is loaded again, when its last load broke
         while True:
-            new, old = self.slots.claim(prepared, started + self.policy.slot_wait_s, lambda: self.recovery.stopping)
+            new, old = self.slots.claim(prepared, started + self.policy.slot_wait_s, lambda: self.recovery.stopping,
+                                        lambda: self.store.refusal(prepared))
             if new.phase is Phase.LOADED:
                 break
             if old is not None:
@@ -139,16 +150,17 @@ class ModelManager:
         if reply is None:
             return False
         if reply.status != 200:
-            self.slots.drop(slot)
             self.metrics.inc("ModelLoadFailures")
             if not url.is_dir():  # a full disk made the cache remove it while this load waited for a slot
+                self.slots.drop(slot)
                 raise TargetError(503, f"{target!r} was removed from the full disk cache before Triton loaded it; "
                                        f"try again", retry_after=1)
             hint = "; a disk is full: free space there" if NO_DISK_SPACE.search(reply.message) else ""
             error = TargetError(reply.status if 400 <= reply.status < 600 else 502,
                                 f"Triton could not load {target!r}: {reply.message}{hint}")
             if reply.status == 400:  # the model's own fault: the same answer until the tarball changes
-                self.store.refuse(slot.prepared, error)
+                self.store.refuse(slot.prepared, error)  # before the slot is free: a call waiting for it sees this
+            self.slots.drop(slot)
             raise error
         self.metrics.observe("ModelLoadingTime", time.monotonic() - started)
         in_table = self.slots.loaded(slot, use)

@@ -56,21 +56,27 @@ class SlotTable:
                 return self._use(slot)
             return None
 
-    def claim(self, prepared: Prepared, slot_deadline: float, stopping: Callable[[], bool]) -> tuple[Slot, Slot | None]:
+    def claim(self, prepared: Prepared, slot_deadline: float, stopping: Callable[[], bool],
+              refusal: Callable[[], TargetError | None] = lambda: None) -> tuple[Slot, Slot | None]:
         """(slot, None) when the target is loaded (the slot is now in use); otherwise (new, old): the caller loads
         `new`, which is in the table already (old is None) or takes `old`'s place once the caller has unloaded it.
-        Waits while the target is being loaded or unloaded, and while every slot is busy (until `slot_deadline`)."""
+        Waits while the target is being loaded or unloaded, and while every slot is busy (until `slot_deadline`).
+        Raises `refusal()` when Triton refused this version meanwhile (a concurrent first call's load failed), before
+        taking or emptying any slot for it."""
         target = prepared.target
         with self._cond:
             while True:
                 if stopping():
                     raise TargetError(503, "the local MME is shutting down", retry_after=5)
+                if (refused := refusal()) is not None:
+                    raise refused
                 slot = self._slots.get(target)
                 if slot is not None and slot.phase is Phase.LOADED:
                     if not slot.broken:
                         return self._use(slot), None
                     if not slot.active:  # its last load broke: unload it once no call is in it, load it again
                         slot.phase, slot.handover = Phase.UNLOADING, target
+                        self._changed()
                         return Slot(prepared), slot
                 if self._unclaimed(target):
                     if len(self._slots) < self.max_models:
@@ -80,9 +86,13 @@ class SlotTable:
                     victim = self._idle()
                     if victim is not None:
                         victim.phase, victim.handover = Phase.UNLOADING, target
+                        self._changed()
                         return Slot(prepared), victim
-                    if time.monotonic() >= slot_deadline:
-                        raise TargetError(503, f"all {self.max_models} model slots stayed busy", retry_after=1)
+                    waiting_for = f"all {self.max_models} model slots stayed busy"
+                else:  # another call is loading it, or unloading it (or the target it replaces) to load it again
+                    waiting_for = f"{target!r} was still being loaded or unloaded by another call"
+                if time.monotonic() >= slot_deadline:  # no wait is unbounded: an unload may never finish
+                    raise TargetError(503, waiting_for, retry_after=1)
                 self._cond.wait(timeout=0.5)
 
     def hand_over(self, old: Slot, new: Slot) -> bool:
@@ -157,6 +167,7 @@ class SlotTable:
                 victim = self._idle(keep)
             if victim is not None:
                 victim.phase = Phase.UNLOADING
+                self._changed()
             return victim
 
     def keep_unloading(self, slot: Slot) -> None:

@@ -193,6 +193,12 @@ class TargetStore:
             model_dir = self.cache.lookup(target, version) or self._admit(target, version, in_use)
         return Prepared(target, version, model_dir)
 
+    def refusal(self, prepared: Prepared) -> TargetError | None:
+        """The error Triton's refusal of `prepared` left (a call before this one tried it), or None. Takes no lock:
+        the slot table asks while holding its own, which `prepare` takes inside this store's."""
+        refused = self._refused.get(prepared.target)
+        return refused[1] if refused is not None and refused[0] == prepared.version else None
+
     def refuse(self, prepared: Prepared, error: TargetError) -> None:
         """Triton would not load `prepared`: answer `error` for it until the tarball changes."""
         self._refused[prepared.target] = (prepared.version, error)
