@@ -390,6 +390,38 @@ def test_model_manager_answers_a_waiting_first_call_with_the_refusal_without_loa
     assert set(manager.loaded_targets()) == triton.loaded == {"m0", "m1"} and triton.violations == []
 
 
+class StubbornTriton(FakeTriton):
+    """Refuses to unload one target (Triton's UnloadModelAndDependents failing) and keeps it registered."""
+
+    def unload(self, model_hash: str, target: str, timeout: float | None = None) -> Reply:
+        if target == "m0":
+            return Reply(400, b'{"error": "failed to unload m0"}')
+        return super().unload(model_hash, target, timeout)
+
+
+def test_model_manager_restarts_tritonserver_when_triton_refuses_to_unload_rather_than_exceed_the_limit():
+    triton = StubbornTriton(2, seed=0)
+    manager = manager_for(triton, 2)
+    assert outcome(manager, triton, "m0")[1] == 200 and outcome(manager, triton, "m1")[1] == 200
+    assert outcome(manager, triton, "m2")[1] == 200  # m0 was to make room and stayed: the server was restarted
+    assert triton.starts == 2 and manager.metrics.snapshot()["TritonRestarts"] == 1
+    assert set(manager.loaded_targets()) == triton.loaded == {"m2"} and triton.violations == []
+
+
+def test_model_manager_answers_503_and_remembers_nothing_when_triton_keeps_a_target_registered():
+    """A load answered 409 (registered already) even after the unload meant to clear it: a server-side conflict,
+    answered 503 to try again, never a client's 409 nor a refusal remembered for the tarball."""
+    class ConflictTriton(FakeTriton):
+        def load(self, model_hash: str, target: str, url: Path) -> Reply:
+            return Reply(409, b'{"error": "model m0 already registered"}')
+
+    triton = ConflictTriton(2, seed=0)
+    manager = ModelManager(store := FakeStore(), triton, 2, Metrics(), FaultPolicy())
+    target, status, message = outcome(manager, triton, "m0")
+    assert (status, store.refused) == (503, {}) and "still holds an earlier load of 'm0'" in message
+    assert manager.loaded_targets() == []
+
+
 def table_with(max_models: int, *targets: str) -> SlotTable:
     """A slot table with `targets` loaded, the first the least recently used."""
     table = SlotTable(max_models, Metrics())

@@ -155,6 +155,10 @@ class ModelManager:
                 self.slots.drop(slot)
                 raise TargetError(503, f"{target!r} was removed from the full disk cache before Triton loaded it; "
                                        f"try again", retry_after=1)
+            if reply.status == 409:  # still registered after the unload above: Triton's state, not the tarball's
+                self.slots.drop(slot)
+                raise TargetError(503, f"Triton still holds an earlier load of {target!r}: {reply.message}",
+                                  retry_after=1)
             hint = "; a disk is full: free space there" if NO_DISK_SPACE.search(reply.message) else ""
             error = TargetError(reply.status if 400 <= reply.status < 600 else 502,
                                 f"Triton could not load {target!r}: {reply.message}{hint}")
@@ -186,7 +190,8 @@ class ModelManager:
         """Unload `slot` (phase UNLOADING), which no call is using. Triton 2.51's SageMaker front-end holds one of
         its HTTP threads for the whole unload, and a reply due on that thread waits for it: an unload that waits for
         a request in flight never finishes. So a target is unloaded only once none of its calls is in Triton, and one
-        that still does not unload in time (its stub died) gets tritonserver restarted, which empties the table."""
+        that still does not unload in time (its stub died), or that Triton refuses to unload, gets tritonserver
+        restarted, which empties the table: a slot is never handed on while Triton may still hold its model."""
         timeout = self.policy.dead_unload_timeout_s if slot.broken else None
         generation, started = self.container.starts, time.monotonic()
         try:
@@ -195,18 +200,20 @@ class ModelManager:
         except (TargetError, Retry) as e:
             if not isinstance(e, TargetError) or e.status != 502:
                 return  # tritonserver died or was restarted meanwhile, and the table with it
-            try:
-                self.recovery.restart(f"{slot.target!r} did not unload ({e.message})", generation)
-            except TargetError:
-                self.slots.keep_unloading(slot)
-                raise
-            return
-        if reply is None:
-            return  # a restart emptied the table meanwhile
-        self.metrics.observe("ModelUnloadingTime", time.monotonic() - started)
-        if reply.status not in (200, 404):
-            log.warning("unloading %s: HTTP %d %s", slot.target, reply.status, reply.message)
-        log.info("unloaded %s%s", slot.target, f" ({slot.broken})" if slot.broken else "")
+            failure = e.message
+        else:
+            if reply is None:
+                return  # a restart emptied the table meanwhile
+            if reply.status in (200, 404):
+                self.metrics.observe("ModelUnloadingTime", time.monotonic() - started)
+                log.info("unloaded %s%s", slot.target, f" ({slot.broken})" if slot.broken else "")
+                return
+            failure = f"HTTP {reply.status}: {reply.message}"
+        try:
+            self.recovery.restart(f"{slot.target!r} did not unload ({failure})", generation)
+        except TargetError:
+            self.slots.keep_unloading(slot)
+            raise
 
     def _evict_idle(self, keep: str) -> bool:
         """Unload the least recently used idle target other than `keep` (Triton ran out of memory)."""
