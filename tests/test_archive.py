@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import os
 import random
 import tarfile
 from pathlib import Path
@@ -52,6 +51,12 @@ HOSTILE = {
                     Problem("m/link", "link", "symlink to ../../etc leads outside the archive")),
     "symlink_absolute": ([member("m/link", None, tarfile.SYMTYPE, "/etc/passwd")],
                          Problem("m/link", "link", "symlink to /etc/passwd leads outside the archive")),
+    # a repository needs no links: a chain whose text stays inside (l -> ., s -> l/../../..) climbs out through l,
+    # and a dangling one passed as a model file
+    "symlink_chain": ([member("m/l", None, tarfile.SYMTYPE, "."), member("m/s", None, tarfile.SYMTYPE, "l/../..")],
+                      Problem("m/s", "link", "a link; MME tarballs carry no links")),
+    "symlink_dangling": ([member("m/model.onnx", None, tarfile.SYMTYPE, "nowhere.onnx")],
+                         Problem("m/model.onnx", "link", "a link; MME tarballs carry no links")),
     "write_through_link": ([member("m/dir", None, tarfile.SYMTYPE, "sub"), member("m/dir/file")],
                            Problem("m/dir/file", "path", "inside m/dir, which is a link")),
     "hardlink_out": ([member("m/hard", None, tarfile.LNKTYPE, "../../etc/passwd")],
@@ -97,6 +102,36 @@ def test_safe_extract_writes_nothing_when_tarball_is_hostile(tmp_path, case):
     assert expected in refused.value.problems
     assert [p for p in root.rglob("*")] == [root / "cache"]  # no staging folder, no file, anywhere
     assert not (tmp_path / "evil.txt").exists()
+
+
+def test_archive_problems_refuse_members_a_damaged_header_hides_from_tarfile(tmp_path):
+    """tarfile ends the archive at a damaged header; GNU tar skips it and extracts what follows, over the members
+    checked before it (here a second config.pbtxt)."""
+    checked, hidden, ends = io.BytesIO(), io.BytesIO(), []
+    for out, members in ((checked, GOOD), (hidden, [member("m/config.pbtxt", b"this_is_not_a_field: 1\n")])):
+        with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for info, data in members:
+                tar.addfile(info, io.BytesIO(data) if data is not None else None)
+            ends.append(tar.offset)  # where the end-of-archive blocks begin
+    body = checked.getvalue()[:ends[0]]
+    path = tmp_path / "hidden.tar.gz"
+    path.write_bytes(gzip.compress(body + b"G" * tarfile.BLOCKSIZE + hidden.getvalue(), mtime=0))
+    assert archive_problems(path, SMALL) == [Problem("hidden.tar.gz", "archive", "not a readable tar or tar.gz: data "
+                                                     "after the end of the archive (a damaged header hides later "
+                                                     "members)")]
+
+
+def test_archive_problems_refuse_a_sparse_member_that_declares_more_than_it_inflates(tmp_path):
+    import subprocess
+
+    folder = tmp_path / "m" / "1"
+    folder.mkdir(parents=True)
+    with open(folder / "model.onnx", "wb") as f:
+        f.truncate(3 << 20)  # above SMALL's member limit too: one problem names the sparseness either way
+    subprocess.run(["tar", "--sparse", "-czf", str(tmp_path / "sparse.tar.gz"), "-C", str(tmp_path), "m"],
+                   check=True)
+    assert (tmp_path / "sparse.tar.gz").stat().st_size < 1000
+    assert Problem("m/1/model.onnx", "type", "sparse file") in archive_problems(tmp_path / "sparse.tar.gz", SMALL)
 
 
 def test_archive_problems_stop_early_when_gzip_is_a_ratio_bomb(tmp_path):
@@ -145,11 +180,12 @@ def test_corrupt_gzip_is_refused_and_nothing_extracted_when_the_tar_inside_still
 
 
 def test_safe_extract_places_every_file_when_tarball_is_safe(tmp_path):
-    tar = make_tar(tmp_path / "good.tar.gz", GOOD + [member("m/1/inner", None, tarfile.SYMTYPE, "model.py")])
+    tar = make_tar(tmp_path / "good.tar.gz", GOOD + [member("m/1/data", None, tarfile.DIRTYPE),
+                                                     member("m/1/data/labels.txt", b"cat\n")])
     dest = safe_extract(tar, tmp_path / "out" / "model", SMALL)
     assert (dest / "m" / "config.pbtxt").read_text() == 'name: "m"\n'
     assert (dest / "m" / "1" / "model.py").read_bytes() == b"print()\n"
-    assert os.readlink(dest / "m" / "1" / "inner") == "model.py"
+    assert (dest / "m" / "1" / "data" / "labels.txt").read_bytes() == b"cat\n"
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model"]  # staging renamed away
 
 

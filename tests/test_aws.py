@@ -73,6 +73,21 @@ def test_upload_goes_multipart_when_tarball_is_above_chunk_size(moto_server, s3,
     assert s3.get_object(Bucket=bucket, Key="p/big-1.tar.gz")["Body"].read() == big.read_bytes()
 
 
+def test_upload_says_in_one_line_what_s3_answered_when_the_bucket_does_not_exist(moto_server, tarball, capsys):
+    # boto3's transfer wraps S3's answer in S3UploadFailedError, which was a traceback
+    code = cli.main(["upload", str(tarball), "s3://no-such-bucket/mme/", "--endpoint-url", moto_server, "--quiet"])
+    assert code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: upload: Failed to upload") and "NoSuchBucket" in line
+
+
+@pytest.mark.parametrize("option", ["--copies", "--threads"])
+def test_upload_refuses_a_count_below_one_in_one_line(tarball, capsys, option):
+    assert cli.main(["upload", str(tarball), "s3://bucket/mme/", option, "0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --copies and --threads must be at least 1, got " + \
+        ("0 and 8" if option == "--copies" else "1 and 0")
+
+
 def test_upload_raises_when_destination_is_not_s3(tarball):
     with pytest.raises(UserError, match="s3://bucket/prefix"):
         aws.upload([tarball], "bucket/prefix", progress=False)

@@ -75,11 +75,12 @@ def test_tensorrt_plan_key_names_tensorrt_and_compute_capability_when_asked(cach
     assert len(keys) == 3  # a plan built for one GPU or TensorRT release is never reused for another
 
 
-def test_cache_leaves_nothing_when_producer_fails(cache, tmp_path):
+@pytest.mark.parametrize("error", [RuntimeError("export differs"), OSError(28, "No space left on device")])
+def test_cache_leaves_nothing_when_producer_fails(cache, tmp_path, error):
     def fail(out_dir: Path) -> None:
         (out_dir / "half.txt").write_text("x")
-        raise RuntimeError("export differs")
+        raise error
 
-    with pytest.raises(RuntimeError, match="export differs"):
+    with pytest.raises(type(error), match=str(error.args[-1])):
         cache.get(Producer("broken", fail))
-    assert not list((tmp_path / "cache").iterdir())
+    assert not list((tmp_path / "cache").iterdir())  # an OSError (a full disk) left its half-written folder

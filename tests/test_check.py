@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import tarfile
 import time
@@ -138,6 +139,12 @@ def artifact_changed(root):
     (root / "enc" / "1" / "model.onnx").write_bytes(b"other bytes")
 
 
+def manifest_digests_malformed(root):
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["sha256"] = sorted(manifest.get("sha256") or ["enc/1/model.onnx"])  # a list: was an AttributeError
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
 def runner_file_missing(root):
     with open(root / "pre" / "config.pbtxt", "a") as config:
         config.write('parameters { key: "reference" value { string_value: "reference.npz" } }\n')
@@ -196,6 +203,8 @@ CORPUS = {  # name → (mutation, needs an env in the repository, expected probl
         "pre/1/../model.onnx", "parameters.artifact", "must name a file inside the version folder")),
     "artifact_changed": (artifact_changed, False, Problem("enc/1/model.onnx", "sha256", "differs from manifest.json "
                                                                                         "(changed after the build)")),
+    "manifest_digests_malformed": (manifest_digests_malformed, False, Problem(
+        "manifest.json", "sha256", "not an object of file path → SHA-256 hex digest")),
 }
 
 
@@ -217,7 +226,7 @@ def test_check_names_file_field_reason_when_repository_is_broken(tmp_path, case,
     mutate, with_env, expected = CORPUS[case]
     root = write_repo(tmp_path / "repo", env_python="3.11" if with_env else None)
     mutate(root)
-    if case != "artifact_changed":
+    if case not in ("artifact_changed", "manifest_digests_malformed"):
         refresh_manifest(root)  # each case breaks exactly one thing
     path = root if form == "folder" else as_tarball(root)
     if expected.file == "REPO":
@@ -382,3 +391,18 @@ def test_check_requires_each_plan_listed_per_compute_capability_when_config_list
     assert report.problems == []
     assert Problem("enc/1/model.onnx", "platform", "missing: a GPU whose compute capability is not in "
                                                    "cc_model_filenames loads model.onnx") in report.warnings
+
+
+def test_check_prints_a_member_name_that_is_not_utf8_escaped_when_stdout_is_strict(tmp_path):
+    import subprocess
+    import sys
+
+    root = write_repo(tmp_path / "repo")
+    (root / "enc" / "v\udcff").mkdir()  # written as the byte 0xff: an invalid UTF-8 name
+    (root / "enc" / "v\udcff" / "x").write_bytes(b"x")
+    tarball = as_tarball(root)
+    result = subprocess.run([sys.executable, "-c", "import sys; from tritonpack.cli import main; sys.exit(main())",
+                             "check", str(tarball)], capture_output=True,
+                            env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"})
+    assert result.returncode == 1, result.stderr.decode()[-500:]
+    assert b"enc/v\\udcff: version: version folder names must be numbers" in result.stdout.splitlines()

@@ -107,13 +107,19 @@ MISTAKES = {  # argv → what the one line says; each used to end in a traceback
                        "error: --drain-seconds cannot be negative, got -1"),
     "cache not creatable": (["mme", "--models", "{tmp}", "--cache-dir", "/proc/tritonpack-cache"],
                             "error: --cache-dir /proc/tritonpack-cache: cannot create it (No such file or directory)"),
+    "container malformed": (["build", "bert", "--target", "portable", "--container", "24"],
+                            "error: '24' is not a Triton container release: write YY.MM, e.g. 24.09"),
+    "env python malformed": (["build", "bert", "--target", "portable", "--env-python", "3"],
+                             "error: --env-python '3': write the Python minor version, e.g. 3.10"),
+    "envs folder is a file": (["env", "text", "--out", "{file}"], "error: {file}: File exists"),
 }
 
 
 @pytest.mark.parametrize("mistake", MISTAKES)
 def test_cli_prints_one_line_and_exits_2_for_each_user_mistake(mistake, tmp_path, capsys):
     argv, said = MISTAKES[mistake]
-    fill = {"tmp": tmp_path, "port": closed_port()}
+    fill = {"tmp": tmp_path, "port": closed_port(), "file": tmp_path / "a-file"}
+    fill["file"].write_text("")
     argv = [a.format(**fill) for a in argv]
     if argv[0] == "build":
         argv += ["--dist", str(tmp_path / "dist")]

@@ -169,12 +169,16 @@ def _member_problems(member: tarfile.TarInfo, seen: dict[str, tarfile.TarInfo], 
         elif resolved not in seen or not seen[resolved].isfile():
             problems.append(Problem(name, "link", f"hard link to {target}, which is not an earlier file here"))
         links.add(norm)
-    elif member.ischr() or member.isblk():
+    if not links_out and (member.issym() or member.islnk()):  # as `check` says of a folder: Triton needs none
+        problems.append(Problem(name, "link", "a link; MME tarballs carry no links"))
+    if member.ischr() or member.isblk():
         problems.append(Problem(name, "type", "device file"))
     elif member.isfifo():
         problems.append(Problem(name, "type", "FIFO"))
-    elif not (member.isfile() or member.isdir()):
+    elif not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
         problems.append(Problem(name, "type", f"unsupported member type {member.type!r}"))
+    elif member.sparse is not None:  # declares its unpacked size but inflates almost nothing: no ratio limit holds
+        problems.append(Problem(name, "type", "sparse file"))
     if member.size > limits.max_member_bytes:
         problems.append(Problem(name, "size", f"{member.size} bytes is above the {limits.max_member_bytes} "
                                               f"byte limit (max_member_bytes)"))
@@ -193,6 +197,11 @@ def _members(fileobj, limits: ArchiveLimits, label: str) -> Iterator[tuple[tarfi
     with tarfile.open(fileobj=stream, mode="r|", bufsize=READ_BYTES) as tar:
         for member in tar:
             yield member, tar
+        # tarfile ends the archive at a damaged header as at the end-of-archive blocks; GNU tar skips it and
+        # extracts what follows, over members checked here: only zeros may follow
+        while chunk := tar.fileobj.read(READ_BYTES):
+            if chunk.strip(b"\0"):
+                raise tarfile.ReadError("data after the end of the archive (a damaged header hides later members)")
     stream.drain()
 
 

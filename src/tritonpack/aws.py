@@ -43,6 +43,7 @@ VARIANT = "AllTraffic"
 @contextmanager
 def aws_errors(what: str):
     """An error the AWS API (or botocore) reports becomes one line naming the call, the code and AWS's reason."""
+    from boto3.exceptions import Boto3Error
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -50,7 +51,7 @@ def aws_errors(what: str):
     except ClientError as e:
         error = e.response.get("Error", {})
         raise UserError(f"{what}: AWS refused it: {error.get('Code', 'error')}: {error.get('Message', e)}") from None
-    except BotoCoreError as e:
+    except (BotoCoreError, Boto3Error) as e:  # boto3's transfers wrap what S3 answered (S3UploadFailedError)
         raise UserError(f"{what}: {e}") from None
 
 
@@ -148,8 +149,8 @@ def upload(tarballs: Sequence[Path], destination: str, copies: int = 1, endpoint
     for tarball in tarballs:
         if not tarball.is_file():
             raise UserError(f"{tarball}: no such file")
-    if copies < 1:
-        raise UserError("--copies must be at least 1")
+    if copies < 1 or threads < 1:
+        raise UserError(f"--copies and --threads must be at least 1, got {copies} and {threads}")
     client = client or boto3.client("s3", endpoint_url=endpoint_url)
     config = TransferConfig(multipart_threshold=chunk_bytes, multipart_chunksize=chunk_bytes,
                             max_concurrency=threads, use_threads=True)

@@ -7,6 +7,7 @@ repository and its reproducible MME tarball are written with a manifest.
 
 from __future__ import annotations
 
+import re
 import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -64,6 +65,9 @@ class BuildRequest:
                             f"{'image' if text else 'text'} ensembles ({self.name} takes {takes})")
         if self.weights is not None and not Path(self.weights).exists():
             raise SpecError(f"--weights {self.weights}: no such file or folder")
+        if self.env_python is not None and not re.fullmatch(r"3\.\d+", self.env_python):
+            raise SpecError(f"--env-python {self.env_python!r}: write the Python minor version, e.g. 3.10")
+        container_python(self.container)  # a malformed or unknown release is refused before anything is built
 
     @property
     def slug(self) -> str:

@@ -66,12 +66,10 @@ class ArtifactCache:
         try:
             step(staging, **inputs)
             staging.rename(target)
-        except OSError:
-            if not target.is_dir():  # not another process finishing the same artifact first
-                raise
-            shutil.rmtree(staging, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+        except BaseException as e:
+            shutil.rmtree(staging, ignore_errors=True)  # a failed step (a full disk included) leaves nothing
+            if isinstance(e, OSError) and target.is_dir():
+                return target  # another process finished the same artifact first
             raise
         return target
 

@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     except TritonpackError as e:  # an operation that failed; its message names the log
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as e:
+    except (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as e:
         if e.filename is None:
             raise
         print(f"error: {e.filename}: {e.strerror}", file=sys.stderr)  # a path given that is not there or not ours

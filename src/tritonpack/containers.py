@@ -5,6 +5,7 @@ The SageMaker Triton images follow the NGC releases of the same number (`sagemak
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
@@ -72,7 +73,10 @@ def serve_flags(environment: Mapping[str, str]) -> list[str]:
 
 
 def version_key(version: str) -> tuple[int, int]:
-    major, minor = version.split(".")[:2]
+    """(major, minor) of a Triton container release such as `24.09`."""
+    if not re.fullmatch(r"\d+\.\d+", version):
+        raise EnvError(f"{version!r} is not a Triton container release: write YY.MM, e.g. {DEFAULT_CONTAINER}")
+    major, minor = version.split(".")
     return int(major), int(minor)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from tritonpack.backends import DALI_MODULE, ENV_PARAMETER, ENVIRONMENTS, MODEL_DIR_VAR, RUNNER_MODULES
 from tritonpack.cache import ArtifactCache
 from tritonpack.components import ModelFolder, module_imports
-from tritonpack.containers import CONTAINER_PYTHON, container_python, containers_for, version_key
+from tritonpack.containers import CONTAINER_PYTHON, DEFAULT_CONTAINER, container_python, containers_for, version_key
 from tritonpack.envpack import cached_env, known_envs, packer
 from tritonpack.server import PYTHON_VERSION
 
@@ -121,9 +121,11 @@ def add_command(subparsers) -> None:
     e.add_argument("names", nargs="*",
                    help=f"environments (default: text openvino onnx); known: {', '.join(known_envs())}; "
                         f"NAME+NAME packs one environment of both")
-    e.add_argument("--python", help=f"the target container's Python minor version (default {PYTHON_VERSION}, the "
-                                    f"local stub's); see `--container`")
-    e.add_argument("--container", help="Triton container release, e.g. 24.09 (sets --python from the table)")
+    e.add_argument("--python", help=f"the target Python minor version instead of --container's (e.g. {PYTHON_VERSION}, "
+                                    f"the local stub's)")
+    e.add_argument("--container", default=DEFAULT_CONTAINER,
+                   help=f"Triton container release whose Python the environments are for (default {DEFAULT_CONTAINER}, "
+                        f"as `build`)")
     e.add_argument("--method", choices=("conda-pack", "venv-pack"), help=f"default here: {packer()}")
     e.add_argument("--out", default="dist/envs")
     e.add_argument("--cache", default="dist/cache", help="the artifact cache the environments are packed into once")
@@ -131,7 +133,7 @@ def add_command(subparsers) -> None:
 
 
 def cmd_env(args) -> int:
-    python = args.python or (container_python(args.container) if args.container else None)
+    python = args.python or container_python(args.container)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for names in args.names or ["text", "openvino", "onnx"]:

@@ -174,7 +174,7 @@ def pack_env(names: str | tuple[str, ...], out_dir: Path, python: str | None = N
     return PackedEnv(spec.name, python, target, spec.packages, method)
 
 
-@producer("packed-env", code=(ENVS_DIR, Path(library_sharing.__file__)))
+@producer("packed-env", libraries=("venv-pack", "conda-pack"), code=(ENVS_DIR, Path(library_sharing.__file__)))
 def packed_env(out_dir: Path, names: tuple[str, ...], python: str, method: str) -> None:
     pack_env(names, out_dir, python, method)
 
@@ -332,14 +332,16 @@ def _prune_records(prefix: Path) -> None:
         record.write_text("".join(f"{line}\n" for line in kept))
 
 
-def _pyvenv_cfg(data: bytes) -> bytes:
-    """pyvenv.cfg without the build machine's paths: `home` points at the container's interpreter folder."""
+def _pyvenv_cfg(data: bytes, python: str) -> bytes:
+    """pyvenv.cfg without the build machine's paths and patch level: `home` points at the container's interpreter
+    folder, the version is the target's X.Y (the bytes must not depend on which 3.10.x packed it)."""
+    values = {"home": "/usr/bin", "version": python, "version_info": python}
     lines = []
     for line in data.decode().splitlines():
         key = line.split("=", 1)[0].strip()
         if key in ("command", "executable"):
             continue
-        lines.append("home = /usr/bin" if key == "home" else line)
+        lines.append(f"{key} = {values[key]}" if key in values else line)
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -353,7 +355,7 @@ def normalise_archive(source: Path, target: Path, python: str) -> dict:
                 continue
             data = tar.extractfile(member).read() if member.isfile() else None
             if name == "pyvenv.cfg" and data is not None:
-                data = _pyvenv_cfg(data)
+                data = _pyvenv_cfg(data, python)
             if member.issym() and name.startswith("bin/") and member.linkname.startswith("/"):
                 member.linkname = f"/usr/bin/python{python}"  # the container's interpreter, not the builder's
             member.name = name

@@ -28,9 +28,9 @@ def cmd_check(args) -> int:
     else:
         report = check(Path(args.path), limits, python=args.python, container=args.container, deep=args.deep)
     for problem in report.problems:
-        print(problem)
+        print(printable(str(problem)))
     for warning in report.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        print(printable(f"warning: {warning}"), file=sys.stderr)
     for unchecked in report.unchecked:
         print(f"not checked: {unchecked}", file=sys.stderr)
     if report.ok:
@@ -63,3 +63,9 @@ def add_command(subparsers) -> None:
     c.add_argument("--max-total-bytes", type=int,
                    help=f"archive unpacked size limit (default {ArchiveLimits.max_total_bytes})")
     c.set_defaults(func=cmd_check)
+
+
+def printable(line: str) -> str:
+    """`line` with a member name's undecodable bytes (tarfile keeps them as surrogates) written as escapes: printing
+    them raised UnicodeEncodeError on a strict UTF-8 stdout."""
+    return line.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -309,6 +309,8 @@ def _env_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: li
 def _manifest_problems(tree: Tree, manifest: dict, ensemble: str | None) -> list[Problem]:
     problems = []
     digests = manifest.get("sha256") or {}
+    if not (isinstance(digests, dict) and all(isinstance(d, str) for d in digests.values())):
+        return [Problem("manifest.json", "sha256", "not an object of file path → SHA-256 hex digest")]
     for name, digest in sorted(digests.items()):
         if name not in tree.files:
             problems.append(Problem(name, "sha256", "listed in manifest.json but missing"))
