@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import random
+import re
 import tarfile
 from pathlib import Path
 
@@ -28,9 +29,9 @@ def member(name: str, data: bytes | None = b"x", kind: bytes = tarfile.REGTYPE, 
     return info, data if kind == tarfile.REGTYPE else None
 
 
-def make_tar(path: Path, members, gz: bool = True) -> Path:
+def make_tar(path: Path, members, gz: bool = True, form: int = tarfile.GNU_FORMAT) -> Path:
     raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
+    with tarfile.open(fileobj=raw, mode="w", format=form) as tar:
         for info, data in members:
             tar.addfile(info, io.BytesIO(data) if data is not None else None)
     path.write_bytes(gzip.compress(raw.getvalue(), mtime=0) if gz else raw.getvalue())
@@ -119,6 +120,19 @@ def test_archive_problems_refuse_members_a_damaged_header_hides_from_tarfile(tmp
     assert archive_problems(path, SMALL) == [Problem("hidden.tar.gz", "archive", "not a readable tar or tar.gz: data "
                                                      "after the end of the archive (a damaged header hides later "
                                                      "members)")]
+
+
+@pytest.mark.parametrize("form", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_archive_problems_refuse_a_name_too_long_to_hold_in_memory(tmp_path, form):
+    """tarfile reads a GNU long name or PAX records whole before the member is seen: a 2 MB tar.gz held a 200 MiB
+    name (426 MB of memory to check it)."""
+    path = make_tar(tmp_path / "long.tar.gz", GOOD + [member("m/" + "a" * (2 << 20))], form=form)
+    with tarfile.open(path) as probe:  # what the tar holds: one extended header, the name inside it
+        assert len(probe.getmembers()[-1].name) == 2 + (2 << 20)
+    (problem,) = archive_problems(path, SMALL)
+    assert (problem.file, problem.field) == ("long.tar.gz", "archive")
+    assert re.fullmatch(r"not a readable tar or tar.gz: an extended header of \d+ bytes \(names and PAX records "
+                        r"are under 1048576\)", problem.reason), problem
 
 
 def test_archive_problems_refuse_a_sparse_member_that_declares_more_than_it_inflates(tmp_path):

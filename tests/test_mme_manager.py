@@ -458,6 +458,20 @@ def test_slot_table_answers_503_in_time_when_a_targets_unload_never_finishes():
     assert 0.6 <= time.monotonic() - started < 2.0
 
 
+def test_slot_table_raises_the_refusal_and_takes_no_slot_when_a_waiting_target_may_no_longer_be_loaded():
+    """A call waiting for every slot: once its target is refused or quarantined meanwhile, it gets that answer
+    and neither evicts nor reserves anything."""
+    table, now = table_with(1, "m0"), [None]
+    busy = table.use_loaded("m0")  # every slot is in use: the call below waits
+    quarantined = TargetError(424, "target model 'm1' is quarantined", code="ModelError", retry_after=30)
+    threading.Timer(0.3, lambda: now.__setitem__(0, quarantined)).start()
+    with pytest.raises(TargetError) as raised:
+        table.claim(prepared("m1"), time.monotonic() + 5, lambda: False, lambda: now[0])
+    assert raised.value is quarantined
+    table.release(busy)
+    assert [(s.target, s.phase.value) for s in table.snapshot()] == [("m0", "loaded")]
+
+
 def test_slot_table_sends_nothing_for_a_slot_a_restart_dropped_and_holds_the_restart_while_requests_are_out():
     table = SlotTable(2, Metrics())
     dropped = table.reserve(prepared("m0"))

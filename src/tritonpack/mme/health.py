@@ -99,17 +99,21 @@ class CrashLedger:
         return quarantined
 
     def refuse_if_quarantined(self, target: str) -> None:
-        """424 ModelError naming `target` while it is quarantined, with how long that lasts."""
+        if (error := self.quarantine(target)) is not None:
+            raise error
+
+    def quarantine(self, target: str) -> TargetError | None:
+        """424 ModelError naming `target` while it is quarantined, with how long that lasts; else None."""
         with self._lock:
             left = self._until.get(target, 0.0) - self.clock()
             self._count_quarantined()
             reason = self._last_reason.get(target, "")
-        if left > 0:
-            policy = self.policy
-            raise TargetError(424, f"target model {target!r} is quarantined for {left:.0f} s more: it crashed "
-                                   f"{policy.crashes_to_quarantine} times within {policy.crash_window_s:g} s "
-                                   f"(last: {reason}); other targets are served", code="ModelError",
-                              retry_after=left)
+        if left <= 0:
+            return None
+        policy = self.policy
+        return TargetError(424, f"target model {target!r} is quarantined for {left:.0f} s more: it crashed "
+                                f"{policy.crashes_to_quarantine} times within {policy.crash_window_s:g} s "
+                                f"(last: {reason}); other targets are served", code="ModelError", retry_after=left)
 
     def quarantined(self) -> list[str]:
         with self._lock:

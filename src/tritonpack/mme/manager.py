@@ -102,7 +102,7 @@ class ModelManager:
         reloaded = None  # why the target is loaded again, when its last load broke
         while True:
             new, old = self.slots.claim(prepared, started + self.policy.slot_wait_s, lambda: self.recovery.stopping,
-                                        lambda: self.store.refusal(prepared))
+                                        lambda: self.store.refusal(prepared) or self.crashes.quarantine(target))
             if new.phase is Phase.LOADED:
                 break
             if old is not None:

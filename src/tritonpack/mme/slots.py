@@ -61,8 +61,8 @@ class SlotTable:
         """(slot, None) when the target is loaded (the slot is now in use); otherwise (new, old): the caller loads
         `new`, which is in the table already (old is None) or takes `old`'s place once the caller has unloaded it.
         Waits while the target is being loaded or unloaded, and while every slot is busy (until `slot_deadline`).
-        Raises `refusal()` when Triton refused this version meanwhile (a concurrent first call's load failed), before
-        taking or emptying any slot for it."""
+        Raises `refusal()` when the target may not be loaded now (Triton refused this version meanwhile, or it was
+        quarantined while this call waited), before taking or emptying any slot for it."""
         target = prepared.target
         with self._cond:
             while True:
