@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -125,9 +126,23 @@ def corpus(n: int, seed: int = 5) -> list[Sentence]:
     return sentences(n, seed)
 
 
-def held_out(n: int, seed: int = 5) -> list[Sentence]:
-    """Sentences no side is timed on, for the cosine checks: the corpus mix plus an eighth beyond 256 tokens."""
-    return sentences(n - n // 8, seed + 1000) + sentences(n // 8, seed + 2000, (TRUNCATED,), (1.0,))
+def held_out(n: int, seed: int = 5, timed: Iterable[Sentence] = ()) -> list[Sentence]:
+    """`n` distinct sentences that no side is timed on (none of `timed`), for the cosine checks: the corpus mix plus
+    an eighth beyond 256 tokens."""
+    seen = {x.text for x in timed}
+
+    def fresh(candidates: list[Sentence], count: int) -> list[Sentence]:
+        picked = []
+        for sentence in candidates:
+            if len(picked) == count:
+                break
+            if sentence.text not in seen:
+                seen.add(sentence.text)
+                picked.append(sentence)
+        return picked
+
+    return (fresh(sentences(8 * n, seed + 1000), n - n // 8)
+            + fresh(sentences(n, seed + 2000, (TRUNCATED,), (1.0,)), n // 8))
 
 
 def vocabulary_texts(max_tokens: int = MAX_TOKENS) -> list[str]:

@@ -10,8 +10,9 @@ from benchmarks import goals, plots
 HOW = """\
 How this bench measures:
 - **Sides.** In-process peers (sentence-transformers with its torch, OpenVINO and ONNX backends, each in a worker
-  process of the environment it installs in) embed the whole workload in one `encode(batch_size=64)` call — their
-  best case, timed around `encode` only; concurrency does not apply to them. Served sides (tritonpack `bert` in the
+  process of the environment it installs in) embed the whole workload in one `encode(batch_size=64)` call — no
+  request overhead, at the batch the goals name (torch also at its default 32, faster on an AMX Xeon), timed around
+  `encode` only; concurrency does not apply to them. Served sides (tritonpack `bert` in the
   bundled tritonserver, infinity-emb, both on loopback) get one sentence per request from c client threads, each
   waiting for its answer before sending the next. Every comparison runs its sides in alternating order in one run
   (A B …, … B A) and reports the median of the per-repetition ratios.

@@ -1,7 +1,7 @@
 """The sides a text experiment compares, all with one interface.
 
-- In-process sides (`served = False`) embed the whole work in one call at their best batch size, as a user of the
-  library would; concurrency does not apply to them.
+- In-process sides (`served = False`) embed the whole work in one call at the batch the goals name, as a user of
+  the library would; concurrency does not apply to them.
 - Served sides (`served = True`) answer `concurrency` client threads, each sending one request at a time (one
   sentence per request unless told otherwise) and taking the next from a shared cursor, on loopback.
 """

@@ -179,7 +179,7 @@ def measure(bench, server) -> dict:
     try:
         skipped = make_sides(bench, server, texts, sides)
         bench.log("peers: cosine to sentence-transformers torch on held-out sentences")
-        cos = cosines(sides, corpus.held_out(s.held_out, s.seed))
+        cos = cosines(sides, corpus.held_out(s.held_out, s.seed, timed))
         for side in sides:  # warm every side (arenas, kernels, connections)
             side.run(texts[:64], max(s.concurrencies))
         bench.log("peers side by side, mixed corpus, by concurrency")

@@ -27,10 +27,14 @@ def test_corpus_is_deterministic_and_fills_every_length_bucket_when_generated():
     assert max(s.tokens for s in sentences) > 200 and len({s.text for s in sentences}) > 150
 
 
-def test_held_out_sentences_go_beyond_256_tokens_when_generated():
-    held = corpus.held_out(64, seed=5)
+def test_held_out_sentences_are_distinct_untimed_and_go_beyond_256_tokens_when_generated():
+    timed = corpus.corpus(512, seed=5)
+    held = corpus.held_out(512, seed=5, timed=timed)
     beyond = [s for s in held if s.tokens > corpus.MAX_TOKENS]
-    assert len(beyond) == 8 and all(s.bucket == corpus.TRUNCATED.name for s in beyond)
+    assert len(beyond) == 64 and all(s.bucket == corpus.TRUNCATED.name for s in beyond)
+    assert len({s.text for s in held}) == 512  # 9 of the 64 before were also timed, some twice over
+    assert not {s.text for s in held} & {s.text for s in timed}
+    assert sum(s.tokens <= 16 for s in held) >= 64
 
 
 def test_vocabulary_texts_read_every_whole_word_row_of_the_embedding_table_within_256_tokens():

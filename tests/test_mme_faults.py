@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -185,6 +186,20 @@ def test_local_mme_quarantines_a_target_that_kills_its_stub_while_the_others_kee
     assert json.loads(urllib.request.urlopen(f"{mme.url}/models", timeout=10).read())["quarantined"] == \
         ["stub-killer.tar.gz"]
     assert zombie_children() == []
+
+
+def test_local_mme_keeps_the_log_its_error_names_when_tritonserver_does_not_start(models_dir, tmp_path, aws_env):
+    from tritonpack.containers import ADDITIONAL_ARGS, CONTAINER_ENVIRONMENT
+    from tritonpack.errors import ServerError
+
+    server = LocalMME(str(models_dir), port=0, cache_dir=tmp_path / "cache",
+                      environment={**CONTAINER_ENVIRONMENT, ADDITIONAL_ARGS: "--no-such-flag"})
+    with pytest.raises(ServerError) as error:
+        server.start()
+    log = server.triton.log_path
+    assert f"log: {log}" in str(error.value) and "no-such-flag" in log.read_text()  # the log was removed with it
+    assert group_members(server.triton.server.process.pid) == []
+    shutil.rmtree(log.parent)
 
 
 def test_local_mme_quarantines_a_target_that_kills_tritonserver_and_serves_the_others_after_a_restart(

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from tritonpack import proc
 from tritonpack.server import PYTHON_VERSION, ServerError, TritonServer, prepare_backend_directory
 
 pytestmark = pytest.mark.server
@@ -33,6 +39,27 @@ def test_server_leaves_no_process_when_stopped_after_serving(build_ensemble):
     assert not server.log_path.parent.exists(), "the log folder of a clean run outlived stop()"
 
 
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses sockets listen on at `port` (/proc/net/tcp and tcp6: state 0A is LISTEN)."""
+    found = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:
+                packed = b"".join(bytes.fromhex(address[i:i + 8])[::-1] for i in range(0, len(address), 8))
+                ip = ipaddress.ip_address(packed)
+                found.add(str(getattr(ip, "ipv4_mapped", None) or ip))
+    return found
+
+
+def test_server_listens_on_loopback_only_when_started(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with TritonServer(tmp_path / "empty") as server:
+        for port in (server.http_port, server.grpc_port, server.metrics_port):
+            assert listening_addresses(port) == {"127.0.0.1"}, port  # Triton's default was 0.0.0.0
+
+
 def test_server_keeps_a_log_path_it_was_given_when_stopped(tmp_path):
     log, repository = tmp_path / "logs" / "tritonserver.log", tmp_path / "empty"
     repository.mkdir()
@@ -51,8 +78,7 @@ def test_server_raises_with_log_tail_when_repository_is_broken(tmp_path):
     with pytest.raises(ServerError, match="before it was ready|not ready") as error:
         server.start()
     assert str(server.log_path) in str(error.value)
-    server.stop()
-    assert server.process_group_pids() == []
+    assert server.process_group_pids() == []  # start() stopped what it started: no stop() needed
     assert "cannot load me" in server.log_path.read_text(), "the log the error names is gone"
 
 
@@ -63,3 +89,54 @@ def test_serve_smoke_prints_a_real_embedding_when_run_from_the_cli(build_ensembl
     assert result.returncode == 0, result.stderr + result.stdout
     assert "log: " in result.stdout and "EMBEDDING (384,)" in result.stdout
     assert Path(result.stdout.split("log: ")[1].split()[0]).exists()
+
+
+def python_model_repository(root: Path, initialize: str = "pass") -> Path:
+    """One python model whose `initialize` runs `initialize` (e.g. a sleep that keeps the server loading)."""
+    (root / "m" / "1").mkdir(parents=True)
+    (root / "m" / "config.pbtxt").write_text('name: "m"\nbackend: "python"\nmax_batch_size: 0\n'
+                                             'input { name: "X" data_type: TYPE_FP32 dims: 1 }\n'
+                                             'output { name: "Y" data_type: TYPE_FP32 dims: 1 }\n')
+    (root / "m" / "1" / "model.py").write_text(f"import time\n\nclass TritonPythonModel:\n"
+                                               f"    def initialize(self, args):\n        {initialize}\n\n"
+                                               f"    def execute(self, requests):\n        return []\n")
+    return root
+
+
+def serving(repository: Path) -> list[int]:
+    """Processes whose command line names `repository` (a tritonserver serving it)."""
+    needle = f"--model-repository={repository.resolve()}".encode()
+    return [pid for pid in proc.pids() if needle in proc.command_line(pid)]
+
+
+def serve_command(repository: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tritonpack.cli", "serve", str(repository)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_serve_stops_tritonserver_when_its_terminal_closes_while_models_load(tmp_path):
+    """SIGHUP's default ended Python at once, and tritonserver, in a session of its own, served on."""
+    repository = python_model_repository(tmp_path / "repo", initialize="time.sleep(60)")
+    with serve_command(repository) as command:
+        assert "starting tritonserver" in command.stdout.readline()
+        deadline = time.monotonic() + 30
+        while not serving(repository) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert serving(repository), "tritonserver did not start"
+        time.sleep(1)  # loading the model (its initialize sleeps)
+        command.send_signal(signal.SIGHUP)
+        assert command.wait(timeout=60) == 130
+        assert "interrupted before tritonserver was ready; stopped" in command.stderr.read()
+    assert serving(repository) == []
+
+
+def test_serve_exits_with_an_error_naming_the_log_when_tritonserver_dies(tmp_path):
+    repository = python_model_repository(tmp_path / "repo")
+    with serve_command(repository) as command:
+        assert "starting tritonserver" in command.stdout.readline()
+        assert command.stdout.readline().strip() == "ready"
+        (server,) = [pid for pid in serving(repository) if proc.process_name(pid) == "tritonserver"]
+        os.kill(server, signal.SIGKILL)
+        assert command.wait(timeout=60) == 1  # was 0: "stopping", as if asked to
+        assert re.search(r"error: tritonserver exited with -9; log: \S+tritonserver.log", command.stderr.read())
+    assert serving(repository) == []

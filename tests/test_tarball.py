@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import BUILD_CACHE
 from tests.mme_support import aws_env, local_mme, models_folder, plain_step, runtime_for  # noqa: F401
-from tritonpack.builder import BuildRequest, build
+from tritonpack.builder import BuildRequest, build, build_record
 from tritonpack.check import check
 from tritonpack.proc import command_line, mapped_files
 from tritonpack.server import PYTHON_VERSION
@@ -54,6 +54,18 @@ def default_builds(tmp_path_factory):
     Triton runs), built twice into two different folders."""
     return [build(BuildRequest("bert", "portable", env_python=PYTHON_VERSION, dist=fresh_dist(tmp_path_factory, d)))
             for d in ("d0", "d1")]
+
+
+def test_manifest_names_local_inputs_by_their_name_whatever_path_reached_them(tmp_path, monkeypatch):
+    """The manifest records what was asked; a local path went in as typed, so `--weights w.pt` and
+    `--weights /home/me/w.pt` gave different tarball bytes (and carried the builder's folders)."""
+    (tmp_path / "w.pt").write_bytes(b"weights")
+    monkeypatch.chdir(tmp_path)
+    records = [build_record(BuildRequest("resnet_pt", "portable", weights=w))
+               for w in ("w.pt", "./w.pt", str(tmp_path / "w.pt"), f"{tmp_path}/../{tmp_path.name}/w.pt")]
+    assert all(r == records[0] for r in records) and records[0]["weights"] == "w.pt"
+    hub = build_record(BuildRequest("bert", "portable", model="sentence-transformers/all-MiniLM-L6-v2"))
+    assert hub["model"] == "sentence-transformers/all-MiniLM-L6-v2"  # a hub id is not a local path: kept whole
 
 
 def test_tarball_has_same_bytes_when_built_twice_in_different_folders(default_builds):

@@ -211,11 +211,11 @@ def _members(fileobj, limits: ArchiveLimits, label: str) -> Iterator[tuple[tarfi
     with tarfile.open(fileobj=stream, mode="r|", bufsize=READ_BYTES, tarinfo=_BoundedHeaders) as tar:
         for member in tar:
             yield member, tar
-        # tarfile ends the archive at a damaged header as at the end-of-archive blocks; GNU tar skips it and
-        # extracts what follows, over members checked here: only zeros may follow
-        while chunk := tar.fileobj.read(READ_BYTES):
-            if chunk.strip(b"\0"):
-                raise tarfile.ReadError("data after the end of the archive (a damaged header hides later members)")
+        # tarfile ends the archive at a damaged header as at the first end-of-archive block; GNU tar skips a damaged
+        # header and extracts what follows, over members checked here, but stops at a zero block: the block after
+        # the one tarfile stopped at must be zeros (or nothing)
+        if tar.fileobj.read(tarfile.BLOCKSIZE).strip(b"\0"):
+            raise tarfile.ReadError("data after the end of the archive (a damaged header hides later members)")
     stream.drain()
 
 

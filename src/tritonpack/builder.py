@@ -74,6 +74,18 @@ class BuildRequest:
         return f"{self.name}-{self.target}"
 
 
+def build_record(request: BuildRequest) -> dict[str, str]:
+    """What was asked, for the manifest. Local inputs are named by their file or folder name, so the tarball's bytes
+    do not depend on where they lay or how the path was typed (nor carry the builder's home folder)."""
+    def recorded(value):
+        if isinstance(value, tuple):
+            return tuple(recorded(v) for v in value)
+        return Path(value).name if isinstance(value, str) and "/" in value and Path(value).exists() else value
+
+    return {f.name: str(recorded(getattr(request, f.name))) for f in fields(request)
+            if getattr(request, f.name) not in (None, False, ()) and f.name != "dist"}
+
+
 @dataclass(frozen=True)
 class BuildResult:
     repository: Path
@@ -120,8 +132,7 @@ def build(request: BuildRequest) -> BuildResult:
         "ensemble": request.name,
         "target": request.target,
         "sagemaker_triton_default_model_name": request.name,
-        "build": {f.name: str(getattr(request, f.name)) for f in fields(request)
-                  if getattr(request, f.name) not in (None, False, ()) and f.name != "dist"},
+        "build": build_record(request),
         "built_with_python": PYTHON_VERSION,  # minor only: the tarball bytes must not depend on the patch level
     }
     # The local repository runs in this interpreter's environment (the bundled Triton's stub); the tarball carries

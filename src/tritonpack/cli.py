@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tritonpack.containers import DEFAULT_CONTAINER
 from tritonpack.contracts import IoNames
-from tritonpack.errors import TritonpackError, UserError, disk_full
+from tritonpack.errors import ServerError, TritonpackError, UserError, disk_full
 
 # Modules that add their own subcommand with `add_command(subparsers)`.
 COMMAND_MODULES: tuple[str, ...] = ("tritonpack.mme", "tritonpack.check", "tritonpack.env", "tritonpack.aws")
@@ -115,20 +115,49 @@ def cmd_serve(args) -> int:
                           metrics_port=args.metrics_port, keep_log=True)
     print(f"starting tritonserver on http://{server.url} (grpc {server.grpc_port}, metrics {server.metrics_port}); "
           f"log: {server.log_path}", flush=True)
-    with server:
-        print("ready", flush=True)
-        if args.smoke:
-            demo_request(server.url, Path(args.repository))
-            return 0
-        stop = []
-        signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-        try:
-            while not stop and server.process.poll() is None:
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            pass
-        print("stopping", flush=True)
+    previous = stop_signals(interrupt)  # a closed terminal or `kill` stops the server as Ctrl-C does, loading too
+    try:
+        with server:
+            print("ready", flush=True)
+            if args.smoke:
+                demo_request(server.url, Path(args.repository))
+                return 0
+            try:
+                while server.process.poll() is None:
+                    time.sleep(0.5)
+            except KeyboardInterrupt:
+                pass
+            stop_signals(signal.SIG_IGN)  # stopping runs to its end: stubs reaped, /dev/shm regions removed
+            if server.process.returncode is not None:
+                raise ServerError(f"tritonserver exited with {server.process.returncode}; log: {server.log_path}")
+            print("stopping", flush=True)
+    except KeyboardInterrupt:  # while it was loading: start() stopped it
+        print("interrupted before tritonserver was ready; stopped", file=sys.stderr)
+        return 130
+    finally:
+        restore_signals(previous)
     return 0
+
+
+def interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def stop_signals(handler) -> dict:
+    """`handler` for Ctrl-C, `kill` and a closed terminal (SIGHUP's default ends Python without any cleanup, and
+    tritonserver, in a session of its own, would run on); the handlers before, for `restore_signals`."""
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, handler)
+    return previous
+
+
+def restore_signals(previous: dict) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
 
 def cmd_infer(args) -> int:

@@ -140,6 +140,10 @@ class TritonServer:
             f"--http-port={self.http_port}",
             f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}",
+            # loopback, as `url` says: Triton's default is every interface (its SageMaker port has no such flag)
+            "--http-address=127.0.0.1",
+            "--grpc-address=127.0.0.1",
+            "--metrics-address=127.0.0.1",
             "--allow-metrics=true",
             "--log-verbose=0",
         ]
@@ -160,7 +164,12 @@ class TritonServer:
                 self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
         if wait_ready:
-            self.wait_ready()
+            try:
+                self.wait_ready()
+            except BaseException:  # exited early, or interrupted while loading: nothing of it outlives the call
+                self.keep_log = True
+                self.stop()
+                raise
         return self
 
     def _get(self, path: str, timeout: float = 2.0) -> int:

@@ -117,10 +117,11 @@ class SageMakerTriton:
         if self.server is not None:
             self.server.stub_models()
 
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Stop the server and remove the working folder."""
+    def close(self, timeout_s: float = 30.0, keep_log: bool = False) -> None:
+        """Stop the server and remove the working folder (kept with its log when an error names it)."""
         self.stop(timeout_s)
-        shutil.rmtree(self._workdir, ignore_errors=True)
+        if not keep_log:
+            shutil.rmtree(self._workdir, ignore_errors=True)
 
     def alive(self) -> bool:
         return self.server is not None and self.server.process is not None and self.server.process.poll() is None

@@ -12,6 +12,7 @@ from pathlib import Path
 from aiohttp import web
 
 from tritonpack.containers import CONTAINER_ENVIRONMENT
+from tritonpack.errors import ServerError
 from tritonpack.mme.container import SageMakerTriton
 from tritonpack.mme.gateway import Gateway
 from tritonpack.mme.health import FaultPolicy
@@ -68,12 +69,12 @@ class LocalMME:
             self._thread = threading.Thread(target=self._loop.run_forever, name="mme-gateway", daemon=True)
             self._thread.start()
             self._bound_port = self._run(self._listen())
-        except BaseException:  # a port in use, a server that would not start: nothing is left running
+        except BaseException as e:  # a port in use, a server that would not start: nothing is left running
             if self._runner is not None:
                 self._run(self._runner.cleanup())
                 self._runner = None
             self._stop_loop()
-            self.triton.close()
+            self.triton.close(keep_log=isinstance(e, ServerError))  # the error names the log
             raise
         self.manager.start()
         return self
