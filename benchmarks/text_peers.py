@@ -21,7 +21,7 @@ from benchmarks.sides import PeerWorker, SentenceTransformersSide, ServedSide, S
 REFERENCE = "st_torch_b64"
 SERVED = "tritonpack"
 GOAL_RATIOS = {"st_openvino_b64": goals.SERVED_OVER_ST_OPENVINO_C8, "st_torch_b64": goals.SERVED_OVER_ST_TORCH_C8,
-               "infinity": goals.SERVED_OVER_SERVED_PEER_C8}
+               "st_torch_b32": goals.SERVED_OVER_ST_TORCH_C8, "infinity": goals.SERVED_OVER_SERVED_PEER_C8}
 
 
 def peer_env_ready(bench, env: peers.PeerEnv, skipped: dict) -> bool:

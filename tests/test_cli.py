@@ -207,3 +207,17 @@ def test_write_tarball_leaves_no_partial_file_when_the_disk_fills(tmp_path, buil
             write_tarball(build_ensemble("bert").repository, tmp_path / "disk" / "bert.tar.gz")
         finally:
             assert list((tmp_path / "disk").iterdir()) == []
+
+
+def test_cli_infer_says_the_server_did_not_answer_in_time_when_tritonclient_times_out(monkeypatch, capsys):
+    """A listener that never answers makes tritonclient raise TimeoutError after 60 s (stood in for here, to not
+    wait a minute): it was taken for "nothing answers … start a server first"."""
+    from tritonpack import client
+
+    def silent(*args, **kwargs):
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(client, "embed", silent)
+    assert main(["infer", "hello", "--url", "127.0.0.1:9"]) == 1
+    assert capsys.readouterr().err.strip() == ("error: 127.0.0.1:9 did not answer within 60 s (tritonclient's "
+                                               "timeout): a server still loading, or not Triton's HTTP port")

@@ -50,6 +50,9 @@ def served_embeddings(url: str, model: str, texts: Sequence[str | bytes]) -> np.
         raise UserError(f"--url {url}: Triton's HTTP endpoint as host:port (or http://host:port)")
     try:
         return embed(address, model, texts)
+    except TimeoutError:  # an OSError too, but something listens there: it did not answer in time
+        raise TritonpackError(f"{address} did not answer within 60 s (tritonclient's timeout): a server still "
+                              f"loading, or not Triton's HTTP port") from None
     except OSError as e:
         raise UserError(f"nothing answers at {address} ({e.strerror or e}): start a server first, e.g. "
                         f"`tritonpack serve dist/bert-portable --http-port 8000`, or pass its --url") from None
