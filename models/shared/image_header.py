@@ -11,6 +11,11 @@ import struct
 
 from batched_requests import ClientError
 
+try:
+    from nvidia import nvimgcodec
+except ImportError:
+    nvimgcodec = None
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # SOFn markers carry the frame size; C4 (DHT), C8 (JPG) and CC (DAC) share the range but are not frames.
 JPEG_FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
@@ -26,9 +31,7 @@ def image_size(data: bytes) -> tuple[int, int] | None:
 
 
 def _other_format_size(data: bytes) -> tuple[int, int] | None:
-    try:
-        from nvidia import nvimgcodec
-    except ImportError:  # no DALI beside this model: nothing decodes the image either
+    if nvimgcodec is None:  # no DALI beside this model: nothing decodes the image either
         return None
     try:
         stream = nvimgcodec.CodeStream(data)

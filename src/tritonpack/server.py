@@ -164,12 +164,7 @@ class TritonServer:
                 self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
         if wait_ready:
-            try:
-                self.wait_ready()
-            except BaseException:  # exited early, or interrupted while loading: nothing of it outlives the call
-                self.keep_log = True
-                self.stop()
-                raise
+            self.wait_ready()
         return self
 
     def _get(self, path: str, timeout: float = 2.0) -> int:
@@ -188,24 +183,26 @@ class TritonServer:
         return self._get("/v2/health/live") == 200
 
     def wait_ready(self, timeout_s: float | None = None, probe: Callable[[], bool] | None = None) -> None:
-        """Wait until `probe` (default: Triton's HTTP readiness) answers True; a server that exits first, or does
-        not get there in time, raises ServerError naming its log (and is stopped)."""
+        """Wait until `probe` (default: Triton's HTTP readiness) answers True. A server that exits first, does not get
+        there in time, or whose wait is interrupted (Ctrl-C while models load) is stopped, its log kept; the first two
+        raise ServerError naming that log."""
         probe = probe or self.is_ready
         deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise ServerError(
-                    f"tritonserver exited with {self.process.returncode} before it was ready; "
-                    f"log: {self.log_path}\n{self.log_tail()}"
-                )
-            if probe():
-                self.stub_models()
-                return
-            time.sleep(0.2)
-        self.keep_log = True
-        self.stop()
-        raise ServerError(f"tritonserver not ready after {timeout_s or self.startup_timeout_s:.0f}s; "
-                          f"log: {self.log_path}\n{self.log_tail()}")
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise ServerError(f"tritonserver exited with {self.process.returncode} before it was ready; "
+                                      f"log: {self.log_path}\n{self.log_tail()}")
+                if probe():
+                    self.stub_models()
+                    return
+                time.sleep(0.2)
+            raise ServerError(f"tritonserver not ready after {timeout_s or self.startup_timeout_s:.0f}s; "
+                              f"log: {self.log_path}\n{self.log_tail()}")
+        except BaseException:
+            self.keep_log = True
+            self.stop()
+            raise
 
     def log_tail(self, lines: int = 30) -> str:
         try:

@@ -151,19 +151,7 @@ class ModelManager:
             return False
         if reply.status != 200:
             self.metrics.inc("ModelLoadFailures")
-            if not url.is_dir():  # a full disk made the cache remove it while this load waited for a slot
-                self.slots.drop(slot)
-                raise TargetError(503, f"{target!r} was removed from the full disk cache before Triton loaded it; "
-                                       f"try again", retry_after=1)
-            if reply.status == 409:  # still registered after the unload above: Triton's state, not the tarball's
-                self.slots.drop(slot)
-                raise TargetError(503, f"Triton still holds an earlier load of {target!r}: {reply.message}",
-                                  retry_after=1)
-            hint = "; a disk is full: free space there" if NO_DISK_SPACE.search(reply.message) else ""
-            error = TargetError(reply.status if 400 <= reply.status < 600 else 502,
-                                f"Triton could not load {target!r}: {reply.message}{hint}")
-            if reply.status == 400:  # the model's own fault: the same answer until the tarball changes
-                self.store.refuse(slot.prepared, error)  # before the slot is free: a call waiting for it sees this
+            error = self._load_failure(slot, reply)  # refused before the slot is free: a call waiting for it sees it
             self.slots.drop(slot)
             raise error
         self.metrics.observe("ModelLoadingTime", time.monotonic() - started)
@@ -172,6 +160,22 @@ class ModelManager:
             return False
         self.store.evict(in_table)
         return True
+
+    def _load_failure(self, slot: Slot, reply: Reply) -> TargetError:
+        """What to answer for a load Triton did not complete; the tarball is refused where the failure is its own."""
+        target = slot.target
+        if not slot.prepared.model_dir.is_dir():  # a full disk made the cache remove it while this load waited
+            return TargetError(503, f"{target!r} was removed from the full disk cache before Triton loaded it; try "
+                                    f"again", retry_after=1)
+        if reply.status == 409:  # still registered after the clearing unload: Triton's state, not the tarball's
+            return TargetError(503, f"Triton still holds an earlier load of {target!r}: {reply.message}",
+                               retry_after=1)
+        hint = "; a disk is full: free space there" if NO_DISK_SPACE.search(reply.message) else ""
+        error = TargetError(reply.status if 400 <= reply.status < 600 else 502,
+                            f"Triton could not load {target!r}: {reply.message}{hint}")
+        if reply.status == 400:  # the model's own fault: the same answer until the tarball changes
+            self.store.refuse(slot.prepared, error)
+        return error
 
     def _send(self, slot: Slot, request: Callable[[], Reply]) -> Reply | None:
         """`request()`, a load or unload of `slot`'s target; None when a restart emptied the table meanwhile."""

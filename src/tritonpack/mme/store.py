@@ -187,17 +187,19 @@ class TargetStore:
         with self._lock:
             target_lock = self._target_locks.setdefault(target, threading.Lock())
         with target_lock:  # concurrent first calls: one admits, the others find it in the cache
-            refused = self._refused.get(target)
-            if refused is not None and refused[0] == version:
-                raise refused[1]
+            if (refused := self._refusal(target, version)) is not None:
+                raise refused
             model_dir = self.cache.lookup(target, version) or self._admit(target, version, in_use)
         return Prepared(target, version, model_dir)
 
     def refusal(self, prepared: Prepared) -> TargetError | None:
         """The error Triton's refusal of `prepared` left (a call before this one tried it), or None. Takes no lock:
         the slot table asks while holding its own, which `prepare` takes inside this store's."""
-        refused = self._refused.get(prepared.target)
-        return refused[1] if refused is not None and refused[0] == prepared.version else None
+        return self._refusal(prepared.target, prepared.version)
+
+    def _refusal(self, target: str, version: str) -> TargetError | None:
+        refused = self._refused.get(target)
+        return refused[1] if refused is not None and refused[0] == version else None
 
     def refuse(self, prepared: Prepared, error: TargetError) -> None:
         """Triton would not load `prepared`: answer `error` for it until the tarball changes."""
