@@ -66,6 +66,9 @@ class TextServing:
             raise SpecError(f"TextServing: encoder_threads (0: the library's default), max_queue_delay_microseconds "
                             f"and preferred_batch_size cannot be negative, got {self.encoder_threads}, "
                             f"{self.max_queue_delay_microseconds}, {self.preferred_batch_size}")
+        if max(self.preferred_batch_size, default=0) > self.max_batch_size:
+            raise SpecError(f"TextServing: preferred_batch_size {self.preferred_batch_size} exceeds max_batch_size "
+                            f"{self.max_batch_size} (Triton refuses the model)")
         if self.encoder_runtime not in ENCODER_RUNTIMES:
             raise SpecError(f"TextServing: encoder_runtime must be one of {', '.join(ENCODER_RUNTIMES)}, "
                             f"got {self.encoder_runtime!r}")

@@ -160,6 +160,50 @@ def runner_file_outside(root):
         config.write('parameters { key: "artifact" value { string_value: "../model.onnx" } }\n')
 
 
+def unread_ensemble_input(root):
+    extra = 'input {\n  name: "EXTRA"\n  data_type: TYPE_FP32\n  dims: 1\n}\n'
+    rewrite(root / "ens" / "config.pbtxt", "output {", extra + "output {")
+
+
+def unread_step_output(root):
+    rewrite(root / "pre" / "config.pbtxt", "output {", 'output {\n  name: "LENGTHS"\n  data_type: TYPE_INT64\n  '
+                                                       'dims: 1\n}\noutput {')
+    rewrite(root / "ens" / "config.pbtxt", 'output_map {\n      key: "IDS"', 'output_map {\n      key: "LENGTHS"\n'
+                                                                          '      value: "lengths"\n    }\n    '
+                                                                          'output_map {\n      key: "IDS"')
+
+
+def pinned_version_missing(root):
+    rewrite(root / "ens" / "config.pbtxt", 'model_name: "enc"\n    model_version: -1',
+            'model_name: "enc"\n    model_version: 2')
+
+
+def preferred_above_max(root):
+    with open(root / "enc" / "config.pbtxt", "a") as config:
+        config.write("dynamic_batching { preferred_batch_size: 16 }\n")
+
+
+def output_without_dims(root):
+    rewrite(root / "enc" / "config.pbtxt", "dims: 4\n", "")
+
+
+def zero_dim(root):
+    rewrite(root / "enc" / "config.pbtxt", "dims: 4\n", "dims: 0\n")
+
+
+def ensemble_instance_group(root):
+    with open(root / "ens" / "config.pbtxt", "a") as config:
+        config.write("instance_group { kind: KIND_CPU count: 1 }\n")
+
+
+def labels_missing(root):
+    rewrite(root / "enc" / "config.pbtxt", "dims: 4\n", 'dims: 4\n  label_filename: "labels.txt"\n')
+
+
+def labels_outside(root):
+    rewrite(root / "enc" / "config.pbtxt", "dims: 4\n", 'dims: 4\n  label_filename: "../../labels.txt"\n')
+
+
 ENV_FIELD = "parameters.EXECUTION_ENV_PATH"
 CORPUS = {  # name → (mutation, needs an env in the repository, expected problem)
     "bad_pbtxt": (bad_pbtxt, False, Problem("pre/config.pbtxt", "line 4 column 1",
@@ -205,6 +249,29 @@ CORPUS = {  # name → (mutation, needs an env in the repository, expected probl
                                                                                         "(changed after the build)")),
     "manifest_digests_malformed": (manifest_digests_malformed, False, Problem(
         "manifest.json", "sha256", "not an object of file path → SHA-256 hex digest")),
+    # what tritonserver 2.51 refuses when it loads the ensemble (each verified on a copy of dist/bert-portable or
+    # dist/resnet_pt-portable loaded in the local Triton; this repository's model.onnx is not a model)
+    "unread_ensemble_input": (unread_ensemble_input, False, Problem(
+        "ens/config.pbtxt", "input[EXTRA]", "no step reads this ensemble input (Triton refuses it)")),
+    "unread_step_output": (unread_step_output, False, Problem(
+        "ens/config.pbtxt", "ensemble_scheduling.step[0] (pre).output_map[LENGTHS]",
+        "tensor lengths is neither read by a step nor an ensemble output (Triton refuses it)")),
+    "pinned_version_missing": (pinned_version_missing, False, Problem(
+        "ens/config.pbtxt", "ensemble_scheduling.step[1] (enc).model_version",
+        "version 2 of enc has no folder (has [1]); -1 takes the latest")),
+    "preferred_above_max": (preferred_above_max, False, Problem(
+        "enc/config.pbtxt", "dynamic_batching.preferred_batch_size", "16 is not between 1 and max_batch_size 8")),
+    "output_without_dims": (output_without_dims, False, Problem(
+        "enc/config.pbtxt", "output[OUT].dims", "missing: every tensor must give its dims ([1] for one value)")),
+    "zero_dim": (zero_dim, False, Problem(
+        "enc/config.pbtxt", "output[OUT].dims", "[0]: each dimension must be >= 1, or -1 for a variable size")),
+    "ensemble_instance_group": (ensemble_instance_group, False, Problem(
+        "ens/config.pbtxt", "instance_group", "set on an ensemble, which Triton refuses (its steps set their own)")),
+    "labels_missing": (labels_missing, False, Problem(
+        "enc/labels.txt", "output[OUT].label_filename", "missing: Triton reads the labels file when it loads the "
+                                                        "model")),
+    "labels_outside": (labels_outside, False, Problem(
+        "enc/config.pbtxt", "output[OUT].label_filename", "'../../labels.txt' leads outside the repository")),
 }
 
 

@@ -46,7 +46,7 @@ def test_wiring_reports_dims_when_hidden_size_differs(bert_configs):
     pooled = next(t for t in configs["bert_pooling"].input if t.name == "token_embeddings")
     pooled.dims[1] = 768
     (field, reason), = wiring_problems(configs["bert"], configs)
-    assert "token_embeddings" in field and "gives dims [-1, 384], needs [-1, 768]" in reason
+    assert "token_embeddings" in field and "gives shape [-1, -1, 384], needs [-1, -1, 768]" in reason
 
 
 def test_wiring_reports_missing_model_when_step_names_absent_folder(bert_configs):
@@ -71,3 +71,42 @@ def test_wiring_reports_batching_when_step_batches_less_than_ensemble(bert_confi
     configs["bert_encoder"].max_batch_size = 8
     (field, reason), = wiring_problems(configs["bert"], configs)
     assert reason == "ensemble max_batch_size 64 exceeds bert_encoder's 8"
+
+
+def test_wiring_accepts_a_step_that_does_not_batch_when_its_shapes_with_the_batch_dimension_agree(bert_configs):
+    """Triton loads it (verified: the portable bert with its tokenizer at max_batch_size 0, TEXT [-1, 1], outputs
+    [-1, -1]); the dims as declared differ, the full shapes do not."""
+    configs = _copy(bert_configs)
+    tokenizer = configs["bert_tokenizer"]
+    tokenizer.max_batch_size = 0
+    for tensor in (*tokenizer.input, *tokenizer.output):
+        tensor.dims.insert(0, -1)
+    assert wiring_problems(configs["bert"], configs) == []
+    tokenizer.input[0].dims[:] = [1]  # without the batch dimension: [1] against the ensemble's [-1, 1]
+    (field, reason), = wiring_problems(configs["bert"], configs)
+    assert reason == "tensor TEXT: ensemble input gives shape [-1, 1], needs [1]"
+
+
+def test_wiring_compares_the_reshaped_shape_of_an_ensemble_output_when_it_has_one(bert_configs):
+    """Triton compares an ensemble tensor's `reshape` shape (verified: EMBEDDING dims [1, 384] reshaped to [384]
+    loads; dims [384] reshaped to [1, 384] is refused)."""
+    configs = _copy(bert_configs)
+    output = configs["bert"].output[0]
+    output.dims[:] = [1, 384]
+    output.reshape.shape[:] = [384]
+    assert wiring_problems(configs["bert"], configs) == []
+    output.dims[:], output.reshape.shape[:] = [384], [1, 384]
+    (field, reason), = wiring_problems(configs["bert"], configs)
+    assert (field, reason) == ("output[EMBEDDING]", "bert_pooling.EMBEDDING gives TYPE_FP32 [-1, 384], ensemble "
+                                                    "declares TYPE_FP32 [-1, 1, 384]")
+
+
+def test_wiring_checks_pinned_step_versions_only_when_versions_are_given(bert_configs):
+    configs = _copy(bert_configs)
+    configs["bert"].ensemble_scheduling.step[1].model_version = 2
+    assert wiring_problems(configs["bert"], configs) == []
+    versions = {name: {1} for name in configs}
+    (field, reason), = wiring_problems(configs["bert"], configs, versions)
+    assert field == "ensemble_scheduling.step[1] (bert_encoder).model_version"
+    versions["bert_encoder"] = {1, 2}
+    assert wiring_problems(configs["bert"], configs, versions) == []

@@ -69,10 +69,10 @@ def distinct_step_names(folders: Iterable[ModelFolder], repository: Path) -> lis
     names (the tarball stays reproducible; `envpack.with_bytecode` covers their copies)."""
     hashes = json.loads((Path(repository) / MANIFEST).read_text())["sha256"]
     suffix = hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()[:STEP_DIGEST_HEX]
-    steps = {f.spec.name: f"{f.spec.name}_{suffix}" for f in folders if f.spec.platform != "ensemble"}
+    steps = {f.spec.name: f"{f.spec.name}_{suffix}" for f in folders if not f.spec.is_ensemble}
 
     def renamed(spec):
-        if spec.platform == "ensemble":
+        if spec.is_ensemble:
             return replace(spec, ensemble_steps=[replace(step, model_name=steps.get(step.model_name, step.model_name))
                                                  for step in spec.ensemble_steps])
         return replace(spec, name=steps[spec.name])

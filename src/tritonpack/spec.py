@@ -42,8 +42,8 @@ class Tensor:
             raise SpecError("tensor name is empty")
         if self.data_type not in DATA_TYPES:
             raise SpecError(f"tensor {self.name}: unknown data_type {self.data_type!r}")
-        if any(d < -1 or d == 0 for d in self.dims):
-            raise SpecError(f"tensor {self.name}: dims must be positive or -1, got {list(self.dims)}")
+        if not self.dims or any(d < -1 or d == 0 for d in self.dims):
+            raise SpecError(f"tensor {self.name}: dims must be positive or -1 (at least one), got {list(self.dims)}")
 
     def fill(self, msg) -> None:
         msg.name = self.name
@@ -146,7 +146,7 @@ class ModelSpec:
             raise SpecError(f"model {self.name}: set exactly one of backend or platform")
         if self.max_batch_size < 0:
             raise SpecError(f"model {self.name}: max_batch_size must be >= 0")
-        is_ensemble = self.platform == "ensemble"
+        is_ensemble = self.is_ensemble
         if is_ensemble and not self.ensemble_steps:
             raise SpecError(f"ensemble {self.name} has no steps")
         if not is_ensemble and self.ensemble_steps:
@@ -155,6 +155,9 @@ class ModelSpec:
             raise SpecError(f"ensemble {self.name}: dynamic_batching and instance_group belong to its steps")
         if self.dynamic_batching and self.max_batch_size == 0:
             raise SpecError(f"model {self.name}: dynamic_batching needs max_batch_size > 0")
+        if self.dynamic_batching and max(self.dynamic_batching.preferred_batch_size, default=0) > self.max_batch_size:
+            raise SpecError(f"model {self.name}: preferred_batch_size {self.dynamic_batching.preferred_batch_size} "
+                            f"exceeds max_batch_size {self.max_batch_size}")
         for group in (self.inputs, self.outputs):
             names = [t.name for t in group]
             if len(set(names)) != len(names):
@@ -165,12 +168,6 @@ class ModelSpec:
     @property
     def is_ensemble(self) -> bool:
         return self.platform == "ensemble"
-
-    def input(self, name: str) -> Tensor:
-        return next(t for t in self.inputs if t.name == name)
-
-    def output(self, name: str) -> Tensor:
-        return next(t for t in self.outputs if t.name == name)
 
     def to_proto(self) -> mc.ModelConfig:
         cfg = mc.ModelConfig(name=self.name, max_batch_size=self.max_batch_size)

@@ -107,6 +107,7 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
         if cfg.name and cfg.name != folder:
             problems.append(Problem(config_path, "name", f"{cfg.name!r} differs from its folder name {folder!r}"))
         configs[folder] = cfg
+        problems.extend(_config_problems(tree, folder, cfg))
         problems.extend(_model_problems(tree, folder, cfg, target, warnings, local_only,
                                         server_has or (lambda module: False)))
     report.models, report.configs, report.envs = sorted(configs), configs, tree.envs
@@ -115,8 +116,10 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
     problems.extend(entry_problems)
     report.ensemble = entry
     by_name = {cfg.name or folder: cfg for folder, cfg in configs.items()}
+    versions = {cfg.name or folder: {int(v) for v in tree.children(folder)[0] if v.isdigit()}
+                for folder, cfg in configs.items()}
     for name in ensembles:
-        for where, reason in wiring_problems(configs[name], by_name):
+        for where, reason in wiring_problems(configs[name], by_name, versions):
             problems.append(Problem(f"{name}/config.pbtxt", where, reason))
         used = {step.model_name for step in configs[name].ensemble_scheduling.step}
         for unused in sorted(set(configs) - used - {name}):
@@ -151,6 +154,44 @@ def _entry_point(label: str, top_dirs: list[str], top_files: list[str], configs:
     if ensembles:
         return ensembles[0], problems
     return (next(iter(configs)) if len(configs) == 1 and len(top_dirs) == 1 else None), problems
+
+
+def _config_problems(tree: Tree, folder: str, cfg) -> list[Problem]:
+    """What Triton's own config validation refuses at load: tensors without dims or with a dimension below -1 or
+    0, preferred batch sizes outside 1..max_batch_size, scheduling fields on an ensemble, a labels file that is not
+    there."""
+    config_path = f"{folder}/config.pbtxt"
+    problems = []
+    is_ensemble = cfg.platform == "ensemble"
+    for kind, tensors in (("input", cfg.input), ("output", cfg.output)):
+        for tensor in tensors:
+            where = f"{kind}[{tensor.name}].dims"
+            if not tensor.dims and not is_ensemble:
+                problems.append(Problem(config_path, where, "missing: every tensor must give its dims ([1] for one "
+                                                            "value)"))
+            elif any(d < -1 or d == 0 for d in tensor.dims):
+                problems.append(Problem(config_path, where, f"{list(tensor.dims)}: each dimension must be >= 1, or "
+                                                            f"-1 for a variable size"))
+    for size in cfg.dynamic_batching.preferred_batch_size:
+        if size < 1 or (cfg.max_batch_size > 0 and size > cfg.max_batch_size):
+            problems.append(Problem(config_path, "dynamic_batching.preferred_batch_size",
+                                    f"{size} is not between 1 and max_batch_size {cfg.max_batch_size}"))
+    if is_ensemble:
+        present = {"backend": bool(cfg.backend), "instance_group": bool(cfg.instance_group),
+                   "dynamic_batching": cfg.HasField("dynamic_batching"), "model_warmup": bool(cfg.model_warmup)}
+        problems.extend(Problem(config_path, name, "set on an ensemble, which Triton refuses (its steps set their own)")
+                        for name, is_set in present.items() if is_set)
+    for tensor in cfg.output:
+        if tensor.label_filename:
+            labels = posixpath.normpath(posixpath.join(folder, tensor.label_filename))
+            where = f"output[{tensor.name}].label_filename"
+            if tensor.label_filename.startswith("/") or labels == ".." or labels.startswith("../"):
+                problems.append(Problem(config_path, where, f"{tensor.label_filename!r} leads outside the "
+                                                            f"repository"))
+            elif labels not in tree.files:
+                problems.append(Problem(labels, where, "missing: Triton reads the labels file when it loads the "
+                                                       "model"))
+    return problems
 
 
 def _model_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: list[Problem], local_only: bool,
