@@ -49,6 +49,15 @@ def test_tokenizer_model_fails_only_the_bad_request_when_batch_mixes_valid_and_i
     assert set(first) == {"input_ids", "attention_mask", "token_type_ids"}
 
 
+def test_tokenizer_model_refuses_a_text_tensor_without_elements_as_the_clients_mistake(tokenizer, python_model):
+    model = python_model(tokenizer)  # Triton passes a batch of 0 on (it checks only the upper bound)
+    empty = InferenceRequest([Tensor("TEXT", np.empty((0, 1), dtype=object))])
+    responses = model.execute([_texts(b"hello"), empty])
+    assert not responses[0].has_error()
+    assert (responses[1].error().code(), responses[1].error().message()) == (TritonError.INVALID_ARG,
+                                                                             "TEXT has no elements")
+
+
 def test_tokenizer_model_reports_missing_input_when_request_lacks_text(tokenizer, python_model):
     model = python_model(tokenizer)
     (response,) = model.execute([InferenceRequest([])])
@@ -215,6 +224,23 @@ def test_respond_all_answers_a_failing_item_with_its_error_type_only_and_the_oth
     assert [r.output_tensors()[0].as_numpy()[0] for r in (responses[0], responses[3])] == [2, 4]
 
 
+def test_respond_all_fails_only_the_request_whose_answer_cannot_be_built():
+    """`to_tensors` raising for one result left `execute` (every request of the batch failed, with the raw text)."""
+    from tests import fake_pb_utils
+    from tritonpack.components import load_model_module
+
+    batched = load_model_module("shared", "batched_requests")
+
+    def to_tensors(result):
+        return [Tensor("N", result["N"])]
+
+    responses = batched.respond_all(fake_pb_utils.module(), [1, 2, 3], lambda request: request,
+                                    lambda items: [{"N": np.array([i])} if i != 2 else {} for i in items],
+                                    to_tensors, Logger)
+    assert [r.has_error() for r in responses] == [False, True, False]
+    assert responses[1].error().message() == "internal error (KeyError); the server log has the details"
+
+
 @pytest.fixture(scope="module")
 def token_encoder(bert):
     """portable bert's encoder, reading token tensors from its tokenizer step."""
@@ -254,9 +280,49 @@ def test_packed_encoder_fails_only_the_request_without_tokens_and_its_neighbours
     responses = encoder.execute([request(first), request([]), request(second)])
     assert [r.has_error() for r in responses] == [False, True, False]
     assert responses[1].error().code() == TritonError.INVALID_ARG
-    assert "at least one token long" in responses[1].error().message()
+    assert "1 to 256 tokens long" in responses[1].error().message()
     for response, expected in zip((responses[0], responses[2]), alone, strict=True):
         np.testing.assert_allclose(response.output_tensors()[0].as_numpy(), expected, atol=EMBEDDING_ATOL)
+
+
+def _token_request(ids, mask=None):
+    ids = np.asarray(ids, dtype=np.int64)
+    return InferenceRequest([Tensor("input_ids", ids),
+                             Tensor("attention_mask", np.ones_like(ids) if mask is None else np.asarray(mask)),
+                             Tensor("token_type_ids", np.zeros_like(ids))])
+
+
+@pytest.mark.parametrize(("bad", "reason"), [
+    (_token_request(np.zeros((0, 4))), "every input needs at least one row"),  # was a KeyError failing the batch
+    (_token_request(np.full((1, 300), 1037)), "1 to 256 tokens long"),  # each new length compiled new state
+    (_token_request([[101, -5, 102]]), "token inputs cannot be negative"),
+])
+def test_packed_encoder_fails_only_the_request_it_cannot_read_and_answers_its_neighbours(token_encoder, python_model,
+                                                                                       bad, reason):
+    encoder = python_model(token_encoder)
+    first, second = _token_request([[101, 7592, 2088, 102]]), _token_request([[101, 2023, 102]])
+    alone = [encoder.execute([r])[0].output_tensors()[0].as_numpy() for r in (first, second)]
+    responses = encoder.execute([first, bad, second])
+    assert [r.has_error() for r in responses] == [False, True, False]
+    assert responses[1].error().code() == TritonError.INVALID_ARG and reason in responses[1].error().message()
+    for response, expected in zip((responses[0], responses[2]), alone, strict=True):
+        np.testing.assert_allclose(response.output_tensors()[0].as_numpy(), expected, atol=EMBEDDING_ATOL)
+
+
+def test_pooling_model_refuses_a_mask_that_does_not_fit_its_embeddings_alone_or_batched(model_folders, python_model):
+    """Batched with a longer request, the short embeddings were padded to fit and the request answered with a
+    diluted embedding; alone it failed as INTERNAL."""
+    model = python_model(model_folders("bert", "cpu")["bert_pooling"])
+    rng = np.random.default_rng(0)
+    good = InferenceRequest([Tensor("token_embeddings", rng.normal(size=(1, 7, 384)).astype(np.float32)),
+                             Tensor("attention_mask", np.ones((1, 7), dtype=np.int64))])
+    bad = InferenceRequest([Tensor("token_embeddings", rng.normal(size=(1, 5, 384)).astype(np.float32)),
+                            Tensor("attention_mask", np.ones((1, 7), dtype=np.int64))])
+    for requests, position in (([bad], 0), ([good, bad], 1)):
+        responses = model.execute(requests)
+        assert responses[position].error().code() == TritonError.INVALID_ARG
+        assert "must be [rows, tokens, hidden]" in responses[position].error().message()
+    assert not model.execute([good, bad])[0].has_error()
 
 
 def test_pooling_model_splits_results_per_request_when_batched(model_folders, python_model):

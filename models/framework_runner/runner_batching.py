@@ -26,7 +26,6 @@ from pooling import mean_pool
 from resident_memory import drop_load_only_file_pages, return_freed_heap
 
 MASK = "attention_mask"  # when an input has this name, rows are grouped by its real length
-PAD_VALUES = {MASK: 0}
 MAX_PADDING_WASTE = 0.25  # a group of ragged requests may hold at most this fraction of padding tokens
 PACK_MULTIPLE = 16  # packs are padded to a multiple of this many tokens (packing.packed_inputs says why)
 
@@ -147,11 +146,17 @@ class FrameworkRunnerModel:
 
     def _parse(self, request):
         item = {name: read_input(self.pb_utils, request, name) for name in self.input_names}
-        if self.max_pack_tokens and not (item[MASK].ndim == 2 and item[MASK].shape[1] > 0
+        if any(a.ndim == 0 or len(a) == 0 for a in item.values()):
+            raise ClientError(f"every input needs at least one row, got shapes "
+                              f"{ {name: list(a.shape) for name, a in item.items()} }")
+        if self.max_pack_tokens and not (item[MASK].ndim == 2 and 0 < item[MASK].shape[1] <= self.max_pack_tokens
                                          and _right_padded(item[MASK])
                                          and all(a.shape == item[MASK].shape for a in item.values())):
-            raise ClientError(f"{MASK} must be [rows, tokens] of 1s then 0s (right padding), at least one token "
-                              f"long and shaped like every other input, for this encoder")
+            raise ClientError(f"{MASK} must be [rows, tokens] of 1s then 0s (right padding), 1 to "
+                              f"{self.max_pack_tokens} tokens long and shaped like every other input, for this "
+                              f"encoder")
+        if self.max_pack_tokens and any((a < 0).any() for a in item.values()):
+            raise ClientError("token inputs cannot be negative")
         return item
 
     def _run(self, items):
@@ -172,12 +177,13 @@ class FrameworkRunnerModel:
 
     def _run_rows(self, items):
         """Group the rows of all requests by their real length (from the attention mask), run each group padded to
-        its own longest, and put every row back in its request's shape (padded positions are zero)."""
+        its own longest, and put every row back in its request's shape (positions past a row's group's longest
+        are zero; those up to it hold whatever the encoder gave the padding, which pooling masks out)."""
         rows = [(i, r, max(int(mask.sum()), 1)) for i, item in enumerate(items) for r, mask in enumerate(item[MASK])]
         results = [{} for _ in items]
         for group in length_groups([(1, length) for _, _, length in rows], self.max_padding_waste):
             longest = max(rows[k][2] for k in group)
-            batch = {n: np.stack([_fit(items[rows[k][0]][n][rows[k][1]], longest, PAD_VALUES.get(n, 0))
+            batch = {n: np.stack([_fit(items[rows[k][0]][n][rows[k][1]], longest)
                                   for k in group]) for n in self.input_names}
             outputs = self.session(batch)
             for name in self.output_names:
@@ -286,7 +292,7 @@ class FrameworkRunnerModel:
         return results
 
     def _run_padded(self, items):
-        batch = {n: pad_and_concat([item[n] for item in items], PAD_VALUES.get(n, 0)) for n in self.input_names}
+        batch = {n: pad_and_concat([item[n] for item in items]) for n in self.input_names}
         outputs = self.session(batch)
         sizes = [len(item[self.input_names[0]]) for item in items]
         lengths = [item[self.input_names[0]].shape[1] for item in items] if self.ragged else None
@@ -311,8 +317,8 @@ def _right_padded(mask: np.ndarray) -> bool:
     return bool((mask == (np.arange(mask.shape[1]) < lengths[:, None])).all())
 
 
-def _fit(row: np.ndarray, length: int, pad_value) -> np.ndarray:
-    """One row cut or padded (with pad_value) along its first axis to `length`."""
+def _fit(row: np.ndarray, length: int) -> np.ndarray:
+    """One row cut or padded with zeros along its first axis to `length`."""
     if len(row) >= length:
         return row[:length]
-    return np.pad(row, [(0, length - len(row))] + [(0, 0)] * (row.ndim - 1), constant_values=pad_value)
+    return np.pad(row, [(0, length - len(row))] + [(0, 0)] * (row.ndim - 1))

@@ -3,7 +3,7 @@
 import json
 
 import triton_python_backend_utils as pb_utils
-from batched_requests import pad_and_concat, read_input, respond_all, split_rows
+from batched_requests import ClientError, pad_and_concat, read_input, respond_all, split_rows
 from pooling import mean_pool
 from resident_memory import drop_load_only_file_pages
 
@@ -21,7 +21,12 @@ class TritonPythonModel:
                            lambda e: [pb_utils.Tensor(self.output_name, e)], pb_utils.Logger)
 
     def _parse(self, request):
-        return read_input(pb_utils, request, "token_embeddings"), read_input(pb_utils, request, "attention_mask")
+        embeddings = read_input(pb_utils, request, "token_embeddings")
+        mask = read_input(pb_utils, request, "attention_mask")
+        if embeddings.ndim != 3 or mask.shape != embeddings.shape[:2]:
+            raise ClientError(f"token_embeddings {list(embeddings.shape)} must be [rows, tokens, hidden] with "
+                              f"attention_mask [rows, tokens], got attention_mask {list(mask.shape)}")
+        return embeddings, mask
 
     def _pool(self, items):
         embeddings = mean_pool(pad_and_concat([e for e, _ in items]), pad_and_concat([m for _, m in items]),

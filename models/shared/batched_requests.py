@@ -78,16 +78,23 @@ def respond_all(pb_utils, requests, parse: Callable, compute: Callable, to_tenso
                         results.extend(compute([item]))
                     except Exception as single:  # noqa: BLE001
                         results.append(single)
-    for i, result in zip(positions, results):
-        if isinstance(result, ClientError):
-            responses[i] = error_response(pb_utils, str(result), pb_utils.TritonError.INVALID_ARG)
-        elif isinstance(result, Exception):
-            if logger is not None:
-                logger.log_error(f"inference failed: {type(result).__name__}: {result}")
-            responses[i] = internal_error(pb_utils, result)
-        else:
-            responses[i] = pb_utils.InferenceResponse(output_tensors=to_tensors(result))
+    for i, result in zip(positions, results, strict=True):
+        responses[i] = _response(pb_utils, result, to_tensors, logger)
     return responses
+
+
+def _response(pb_utils, result, to_tensors: Callable, logger):
+    """One request's response: its tensors, or its error (an answer that cannot be built fails this request only)."""
+    if isinstance(result, ClientError):
+        return error_response(pb_utils, str(result), pb_utils.TritonError.INVALID_ARG)
+    if not isinstance(result, Exception):
+        try:
+            return pb_utils.InferenceResponse(output_tensors=to_tensors(result))
+        except Exception as e:  # noqa: BLE001
+            result = e
+    if logger is not None:
+        logger.log_error(f"inference failed: {type(result).__name__}: {result}")
+    return internal_error(pb_utils, result)
 
 
 def internal_error(pb_utils, error: Exception):

@@ -14,6 +14,8 @@ def decode_texts(array: np.ndarray, max_text_bytes: int, max_batch: int | None =
 
     Limits are checked before any decoding or tokenizing: the element count first, then each element's size.
     """
+    if array.size == 0:
+        raise ClientError("TEXT has no elements")
     if max_batch is not None and array.size > max_batch:
         raise ClientError(f"TEXT has {array.size} elements, more than the limit of {max_batch}")
     texts = []
