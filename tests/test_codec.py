@@ -95,10 +95,32 @@ def test_parse_response_raises_with_reason_when_body_is_an_error():
         payloads.embeddings(*binary_response({"OTHER": np.zeros((1, 2), np.float32)}))
 
 
-@pytest.mark.parametrize("content_type", [f"{BINARY_JSON};json-header-size=x", f"{BINARY_JSON};json-header-size="])
-def test_header_size_raises_when_size_is_not_a_number(content_type):
-    with pytest.raises(PayloadError, match="integer"):
-        codec.header_size(content_type)
+@pytest.mark.parametrize("body", [
+    b"[1, 2]",  # was AttributeError
+    b'{"outputs": 3}',  # TypeError
+    b'{"outputs": [{"name": "E", "datatype": "FP32", "shape": [3], "data": [1.0, 2.0]}]}',  # ValueError (reshape)
+])
+def test_parse_response_raises_payload_error_when_the_body_is_malformed(body):
+    with pytest.raises(PayloadError, match="not a KServe v2 response body"):
+        codec.parse_response(body, "application/json")
+
+
+@pytest.mark.parametrize("size", ["x", "", "+90", "9_0", "\u0669\u0660", "-5"])
+def test_header_size_raises_when_size_is_not_decimal_digits(size):
+    """int() took "+90", "9_0" and Arabic-Indic digits, which Triton's atoi reads otherwise."""
+    with pytest.raises(PayloadError, match="decimal digits"):
+        codec.header_size(f"{BINARY_JSON};json-header-size={size}")
+    assert codec.header_size(f"{BINARY_JSON};json-header-size=90") == 90
+
+
+def test_request_guard_reads_json_as_triton_does_utf8_with_or_without_a_byte_order_mark():
+    """Triton 2.51 answers a UTF-16 body 500 and accepts a UTF-8 one with a BOM (both seen on the local Triton);
+    json.loads takes both."""
+    from tritonpack.mme.request_guard import infer_request_problem
+
+    request = json.dumps({"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["a"]}]})
+    assert infer_request_problem(b"\xef\xbb\xbf" + request.encode()) is None
+    assert "not JSON" in infer_request_problem(request.encode("utf-16"))
 
 
 def test_payload_builders_raise_when_input_is_empty_or_format_unknown():

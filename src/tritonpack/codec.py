@@ -11,6 +11,7 @@ Two body formats:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -81,25 +82,28 @@ def header_size(content_type: str | None) -> int | None:
     if not content_type or not content_type.startswith(BINARY_JSON):
         return None
     _, _, rest = content_type.partition(HEADER_SIZE)
-    try:
-        return int(rest.split(";")[0].strip())
-    except ValueError as e:
-        raise PayloadError(f"content type {content_type!r}: {HEADER_SIZE}N needs an integer N") from e
+    digits = rest.split(";")[0].strip()
+    if not re.fullmatch(r"[0-9]{1,18}", digits):  # int() also takes "+9", "9_0" and other scripts' digits
+        raise PayloadError(f"content type {content_type!r}: {HEADER_SIZE}N needs N in decimal digits")
+    return int(digits)
 
 
 def parse_response(body: bytes, content_type: str | None = None) -> dict[str, np.ndarray]:
     """Every output of a response body (either format) as a numpy array, by name."""
     import tritonclient.http as http
 
+    size = header_size(content_type)
     try:
-        result = http.InferenceServerClient.parse_response_body(body, header_length=header_size(content_type))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise PayloadError(f"not a KServe v2 response body ({content_type}): {e}") from e
-    response = result.get_response()
-    outputs = response.get("outputs", [])
-    if not outputs and "error" in response:
-        raise PayloadError(f"error response: {response['error']}")
-    return {out["name"]: result.as_numpy(out["name"]) for out in outputs}
+        result = http.InferenceServerClient.parse_response_body(body, header_length=size)
+        response = result.get_response()
+        if not isinstance(response, dict):
+            raise TypeError(f"a JSON {type(response).__name__}, not an object")
+        outputs = response.get("outputs", [])
+        if not outputs and "error" in response:
+            raise PayloadError(f"error response: {response['error']}")
+        return {out["name"]: result.as_numpy(out["name"]) for out in outputs}
+    except (ValueError, TypeError, AttributeError, KeyError) as e:  # tritonclient's parsing trusts the body
+        raise PayloadError(f"not a KServe v2 response body ({content_type}): {type(e).__name__}: {e}") from e
 
 
 def output(body: bytes, content_type: str | None, name: str) -> np.ndarray:

@@ -3,13 +3,17 @@
 It runs on aiohttp's server, which validates HTTP framing itself (a malformed or negative Content-Length, bad
 chunking, oversized headers: 400 before any handler runs) and counts body bytes as they arrive (413 past the limit,
 chunked or not). The gateway adds 411 for a body without a length, 405 with `Allow` for a wrong method, and reads
-headers as UTF-8, as boto3 sends a non-ASCII TargetModel. Invocations run in a thread pool (the manager blocks on
-Triton), probes in another, so `/ping` stays quick under load. `drain` is the graceful half of stopping.
+headers as UTF-8, as boto3 sends a non-ASCII TargetModel, 400 for a body that does not decode as its
+Content-Encoding says, and 408 for a body that does not arrive in time; a connection that sends no request is closed
+after `IDLE_CONNECTION_S`. Invocations run in a thread pool (the manager blocks on Triton), at most
+`MAX_CALLS_PER_TARGET` of one target at a time, so a slow or hung target cannot hold every thread; probes run in
+another pool, so `/ping` stays quick under load. `drain` is the graceful half of stopping.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import re
@@ -27,7 +31,11 @@ from tritonpack.mme.store import INSUFFICIENT_STORAGE
 log = logging.getLogger("tritonpack.mme")
 ENDPOINT_NAME = re.compile(r"[A-Za-z0-9](?:-*[A-Za-z0-9]){0,62}")
 INVOKE_THREADS = 64
+MAX_CALLS_PER_TARGET = INVOKE_THREADS // 4
 DRAIN_GRACE_S = 1.0
+BODY_READ_S = 60.0  # SageMaker's own limit on an invocation
+IDLE_CONNECTION_S = 75.0  # aiohttp's default keeps a connection that never sends a whole request for an hour
+LINGER_S = 2.0  # how long an unread request body (past the limit) is read and dropped before the connection closes
 
 
 def request_problem(body: bytes, content_type: str | None) -> str | None:
@@ -71,10 +79,33 @@ class OneLineBadRequests(logging.Filter):
         return True
 
 
+class PerTargetLimit:
+    """At most `limit` calls of one target at a time; the others wait in the event loop, holding no thread."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._gates: dict[str | None, tuple[asyncio.Semaphore, list[int]]] = {}  # target → (gate, [users])
+
+    @contextlib.asynccontextmanager
+    async def slot(self, target: str | None):
+        gate, users = self._gates.setdefault(target, (asyncio.Semaphore(self.limit), [0]))
+        users[0] += 1
+        try:
+            async with gate:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:  # every name a client sends would stay otherwise
+                del self._gates[target]
+
+
 class Gateway:
-    def __init__(self, manager: ModelManager, max_payload_bytes: int = MAX_PAYLOAD_BYTES):
+    def __init__(self, manager: ModelManager, max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+                 body_read_s: float = BODY_READ_S, idle_connection_s: float = IDLE_CONNECTION_S):
         self.manager, self.metrics, self.max_payload_bytes = manager, manager.metrics, max_payload_bytes
+        self.body_read_s, self.idle_connection_s = body_read_s, idle_connection_s
         self._invokers = ThreadPoolExecutor(INVOKE_THREADS, thread_name_prefix="mme-invoke")
+        self._per_target = PerTargetLimit(MAX_CALLS_PER_TARGET)
         self._probes = ThreadPoolExecutor(4, thread_name_prefix="mme-probe")
         self.draining = False
         self._in_flight = 0
@@ -88,6 +119,10 @@ class Gateway:
         server_log = logging.getLogger("aiohttp.server")
         if not any(isinstance(f, OneLineBadRequests) for f in server_log.filters):
             server_log.addFilter(OneLineBadRequests())
+
+    def runner(self) -> web.AppRunner:
+        return web.AppRunner(self.app, access_log=None, shutdown_timeout=5.0, lingering_time=LINGER_S,
+                             keepalive_timeout=self.idle_connection_s)
 
     @web.middleware
     async def _sagemaker_errors(self, request: web.Request, handler) -> web.StreamResponse:
@@ -138,8 +173,21 @@ class Gateway:
                                                          f"{self.max_payload_bytes} byte limit", 413)
             response.force_close()  # the body is not read
             return self._counted(response)
-        body = await request.read()  # aiohttp stops a chunked body past client_max_size: 413
+        try:
+            body = await asyncio.wait_for(request.read(), self.body_read_s)  # past client_max_size: 413
+        except asyncio.TimeoutError:
+            response = error_response("ValidationError", f"the request body did not arrive within "
+                                                         f"{self.body_read_s:g} s", 408)
+            response.force_close()
+            return self._counted(response)
+        except web.RequestPayloadError as e:  # a gzip, deflate or br body that does not decode
+            reason = getattr(e.__cause__, "message", None) or str(e).replace("\n", " ")
+            response = error_response("ValidationError", f"the request body does not decode: {reason}", 400)
+            response.force_close()
+            return self._counted(response)
         target, content_type = request.headers.get(TARGET_HEADER), request.headers.get("Content-Type")
+        if content_type is not None and not content_type.isascii():
+            return self._counted(error_response("ValidationError", "Content-Type must be ASCII", 400))
         self._in_flight += 1
         self._idle.clear()
         try:
@@ -150,12 +198,12 @@ class Gateway:
                 self._idle.set()
 
     async def _answer(self, target: str | None, body: bytes, content_type: str | None) -> web.Response:
-        work = asyncio.wrap_future(self._invokers.submit(self._invoke, target, body, content_type))
+        work = asyncio.ensure_future(self._call(target, body, content_type))
         deadline = asyncio.ensure_future(self._deadline.wait())
         await asyncio.wait({work, deadline}, return_when=asyncio.FIRST_COMPLETED)
         deadline.cancel()
         if not work.done():  # the drain deadline passed: the call's late result is dropped
-            work.add_done_callback(lambda done: done.exception())
+            work.cancel()
             return self._shutting_down()
         try:
             reply = work.result()
@@ -174,6 +222,10 @@ class Gateway:
             return response
         return web.Response(body=reply.body, headers={"Content-Type": reply.content_type,
                                                       "x-Amzn-Invoked-Production-Variant": "AllTraffic"})
+
+    async def _call(self, target: str | None, body: bytes, content_type: str | None) -> Reply:
+        async with self._per_target.slot(target):
+            return await asyncio.wrap_future(self._invokers.submit(self._invoke, target, body, content_type))
 
     def _invoke(self, target: str | None, body: bytes, content_type: str | None) -> Reply:
         problem = request_problem(body, content_type)  # bodies tritonserver 2.51 would answer 500 or wrongly accept

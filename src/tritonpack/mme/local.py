@@ -23,7 +23,6 @@ from tritonpack.mme.sources import open_source
 from tritonpack.mme.store import DiskCache, TargetStore
 
 LISTEN_BACKLOG = 1024
-LINGER_S = 2.0  # how long an unread request body (past the limit) is read and dropped before the connection closes
 
 
 @dataclass
@@ -80,8 +79,7 @@ class LocalMME:
         return self
 
     async def _listen(self) -> int:
-        self._runner = web.AppRunner(self.gateway.app, access_log=None, shutdown_timeout=5.0,
-                                     lingering_time=LINGER_S)
+        self._runner = self.gateway.runner()
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, backlog=LISTEN_BACKLOG)
         await site.start()

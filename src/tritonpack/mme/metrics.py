@@ -60,10 +60,16 @@ class Metrics:
         for name, (kind, help_text) in self.HELP.items():
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
             if kind == "summary":
-                lines += [f"{name}_count {values[name + '_count']:g}", f"{name}_sum {values[name + '_sum']:.6f}"]
+                lines += [f"{name}_count {_number(values[name + '_count'])}",
+                          f"{name}_sum {values[name + '_sum']:.6f}"]
             else:
-                lines.append(f"{name} {values[name]:g}")
+                lines.append(f"{name} {_number(values[name])}")
         return "\n".join(lines) + "\n"
+
+
+def _number(value: float) -> str:
+    """Every digit of a count (`:g` kept six: 1,234,567 read back as 1,234,570)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -36,8 +36,8 @@ def infer_request_problem(body: bytes, header_length: str | None = None) -> str 
         if not 0 < length <= len(body):
             return f"{HEADER_LENGTH} {length} is outside the body's {len(body)} bytes"
         json_part, binary_size = body[:length], len(body) - length
-    try:
-        request = json.loads(json_part)
+    try:  # as Triton's parser reads it: UTF-8, a byte-order mark allowed (json.loads also takes UTF-16 and -32)
+        request = json.loads(json_part.decode("utf-8-sig"))
     except (UnicodeDecodeError, ValueError) as e:
         return f"request header is not JSON: {e}"
     except RecursionError:

@@ -1,0 +1,165 @@
+"""The local MME's HTTP gateway against clients that misbehave: bodies that stall or do not decode, headers Triton's
+front-end cannot take, a target that holds its calls; and its metrics past a million.
+
+Why a stand-in for Triton here: what is tested is the gateway's own handling (its timeouts, refusals and its
+scheduling of calls across targets), which needs a target whose calls stay in flight until the test releases them;
+`FakeTriton` (tests/test_mme_manager.py) answers as Triton's SageMaker front-end does. The gateway, its aiohttp
+server and the clients are real, over loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+from aiohttp import web
+
+from tests.test_mme_manager import FakeStore, FakeTriton
+from tritonpack.mme.gateway import MAX_CALLS_PER_TARGET, Gateway
+from tritonpack.mme.health import FaultPolicy
+from tritonpack.mme.manager import ModelManager
+from tritonpack.mme.metrics import Metrics, parse_metrics
+
+BODY = json.dumps({"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["hi"]}]}).encode()
+
+
+class HeldTriton(FakeTriton):
+    """Calls of target `held` stay in flight until `release` is set."""
+
+    def __init__(self):
+        super().__init__(4, 0)
+        self.release, self.held_calls = threading.Event(), 0
+
+    def invoke(self, model_hash, target, body, content_type):
+        if target == "held":
+            with self.lock:
+                self.held_calls += 1
+            self.release.wait(60)
+        return super().invoke(model_hash, target, body, content_type)
+
+
+@pytest.fixture
+def gateway():
+    triton = HeldTriton()
+    store = FakeStore()
+    store.cache = SimpleNamespace(total_bytes=0, entries={})
+    gateway = Gateway(ModelManager(store, triton, 4, Metrics(), FaultPolicy()), body_read_s=1.0,
+                      idle_connection_s=1.0)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def listen() -> tuple[web.AppRunner, int]:
+        runner = gateway.runner()
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return runner, runner.addresses[0][1]
+
+    runner, port = asyncio.run_coroutine_threadsafe(listen(), loop).result()
+    yield SimpleNamespace(gateway=gateway, triton=triton, port=port)
+    triton.release.set()
+    asyncio.run_coroutine_threadsafe(gateway.drain(runner, 5.0), loop).result()
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+    loop.close()
+
+
+def invoke(port: int, target: str, body: bytes = BODY, headers: dict | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/endpoints/local/invocations", data=body,
+                                     headers={"X-Amzn-SageMaker-Target-Model": target,
+                                              "Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def raw_exchange(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+        client.sendall(data)
+        answer = b""
+        while chunk := client.recv(65536):
+            answer += chunk
+        return answer
+
+
+def counts(gateway: Gateway) -> tuple[int, int, int]:
+    values = parse_metrics(gateway.metrics.render())
+    return tuple(int(values[n]) for n in ("Invocations", "Invocation4XXErrors", "Invocation5XXErrors"))
+
+
+def test_gateway_answers_other_targets_while_one_target_holds_as_many_calls_as_there_are_threads(gateway):
+    """Every invocation thread was free to one target: 64 calls of a slow one made every other target wait."""
+    with ThreadPoolExecutor(64) as clients:
+        held = [clients.submit(invoke, gateway.port, "held") for _ in range(64)]
+        deadline = time.monotonic() + 30
+        while gateway.triton.held_calls < MAX_CALLS_PER_TARGET and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert invoke(gateway.port, "m0")[0] == 200
+        assert gateway.triton.held_calls == MAX_CALLS_PER_TARGET and not any(call.done() for call in held)
+        gateway.triton.release.set()
+        assert [call.result()[0] for call in held] == [200] * 64
+
+
+def test_gateway_answers_400_when_the_content_type_is_not_ascii(gateway):
+    """http.client encodes headers as Latin-1: a UTF-8 Content-Type was a 500 naming UnicodeEncodeError."""
+    head = (b"POST /endpoints/local/invocations HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"X-Amzn-SageMaker-Target-Model: m0\r\nContent-Type: application/json; x=\xe6\x9d\xb1\r\n")
+    answer = raw_exchange(gateway.port, head + b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY)
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["message"] == "Content-Type must be ASCII"
+    assert counts(gateway.gateway) == (1, 1, 0)
+
+
+@pytest.mark.parametrize("encoding", [b"gzip", b"deflate", b"br"])
+def test_gateway_answers_400_when_the_body_does_not_decode_as_its_content_encoding_says(gateway, encoding):
+    """aiohttp's own plain-text 500, uncounted, with two tracebacks in the log, before."""
+    head = (b"POST /endpoints/local/invocations HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"X-Amzn-SageMaker-Target-Model: m0\r\nContent-Type: application/json\r\nContent-Encoding: " + encoding)
+    answer = raw_exchange(gateway.port, head + b"\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    message = json.loads(answer.partition(b"\r\n\r\n")[2])["message"]
+    assert message == f"the request body does not decode: Can not decode content-encoding: {encoding.decode()}"
+    assert counts(gateway.gateway) == (1, 1, 0)
+    compressed = gzip.compress(BODY)
+    assert invoke(gateway.port, "m0", compressed, {"Content-Encoding": "gzip"})[0] == 200
+
+
+def test_gateway_answers_408_and_closes_when_a_body_stops_arriving(gateway):
+    """A body one byte short held its connection and up to 6 MB for as long as the client liked."""
+    head = (b"POST /endpoints/local/invocations HTTP/1.1\r\nHost: x\r\n"
+            b"X-Amzn-SageMaker-Target-Model: m0\r\nContent-Type: application/json\r\n")
+    answer = raw_exchange(gateway.port, head + b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY[:-1])
+    assert answer.startswith(b"HTTP/1.1 408 ")  # and the connection closed: raw_exchange read to its end
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["message"] == ("the request body did not arrive within "
+                                                                      "1 s")
+    assert counts(gateway.gateway) == (1, 1, 0)
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST /endpoints/local/invocations HTTP/1.1\r\nHost: x\r\n"])
+def test_gateway_closes_a_connection_that_sends_no_whole_request_after_its_idle_limit(gateway, sent):
+    """aiohttp's default kept it for an hour: a client could hold descriptors until the gateway ran out."""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as client:
+        client.sendall(sent)
+        start = time.monotonic()
+        assert client.recv(65536) == b""  # closed, without an answer
+        assert time.monotonic() - start < 10
+
+
+def test_metrics_render_every_digit_of_a_count_above_a_million():
+    metrics = Metrics()
+    for _ in range(3):
+        metrics.inc("Invocations", 411_522)
+    values = parse_metrics(metrics.render())
+    assert values["Invocations"] == 1_234_566  # ':g' rendered 1.23457e+06
