@@ -52,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
         met = "" if row["met"] is None else ("  (target met)" if row["met"] else "  (target NOT met)")
         print(f"{row['key']:40s} {row_value(row)}{met}")
     print(f"report: {settings.out / 'report.md'}")
-    return 0
+    failed = {key: value["reason"] for key, value in report.items()
+              if isinstance(value, dict) and value.get("available") is False}
+    for key, reason in failed.items():
+        print(f"{key}: not measured — {reason}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

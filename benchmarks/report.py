@@ -206,6 +206,7 @@ def render_markdown(report: dict) -> str:
 def write(report: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     report["summary"] = summary_rows(report)
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")  # before plots can fail
     report["plots"] = plots.write(report, out)
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     (out / "report.md").write_text(render_markdown(report))

@@ -180,8 +180,8 @@ def measure(bench, server) -> dict:
         skipped = make_sides(bench, server, texts, sides)
         bench.log("peers: cosine to sentence-transformers torch on held-out sentences")
         cos = cosines(sides, corpus.held_out(s.held_out, s.seed, timed))
-        for side in sides:  # warm every side (arenas, kernels, connections)
-            side.run(texts[:64], max(s.concurrencies))
+        for side in sides:  # warm every side (arenas, kernels, connections) at the most clients any run uses
+            side.run(texts[:64], max(*s.concurrencies, s.bucket_concurrency))
         bench.log("peers side by side, mixed corpus, by concurrency")
         by_c = alternate(tasks(sides, texts, s.concurrencies), s.repetitions, bench.log)
         by_bucket = {}

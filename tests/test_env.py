@@ -20,6 +20,7 @@ from tritonpack.components import Artifact, StepSettings, framework_model, pytho
 from tritonpack.containers import container_python, containers_for
 from tritonpack.env import environment_for, envs_covering, required_modules
 from tritonpack.envpack import SHARED_OBJECT, EnvSpec, extra_strip, known_envs, local_python, pack_env, pack_prefix
+from tritonpack.errors import EnvError
 from tritonpack.library_sharing import INDEX, MODULE, PTH_LINE, STORE, share_libraries
 from tritonpack.spec import DynamicBatching, ModelSpec, Tensor
 
@@ -72,6 +73,26 @@ def test_env_specs_pin_every_package_when_loaded():
     text = EnvSpec.load("text")
     assert text.packages == ("numpy==1.26.4", "tokenizers==0.23.3")
     assert text.python == "3.10"  # Triton 24.10 (the bundled server's release) runs Python 3.10
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("dependencies:\n  - python\n  - pip:\n      - numpy==1.26.4\n", "needs dependencies with a python=X.Y pin"),
+    ("", "needs dependencies with a python=X.Y pin"),  # was an AttributeError
+    ("dependencies: [python=3.10\n", "not YAML"),  # was a yaml.parser.ParserError
+    ("dependencies:\n  - python=3.10\n  - pythonnet=3.0\n  - pip:\n      - numpy==1.26.4\n", None),
+])
+def test_env_spec_says_in_one_line_what_is_wrong_when_an_environment_file_is_malformed(tmp_path, monkeypatch, text,
+                                                                                        reason):
+    from tritonpack import envpack
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "environment.yml").write_text(text)
+    monkeypatch.setattr(envpack, "ENVS_DIR", tmp_path)
+    if reason is None:  # pythonnet is not a second Python pin
+        assert EnvSpec.load("mine").python == "3.10"
+        return
+    with pytest.raises(EnvError, match=reason):
+        EnvSpec.load("mine")
 
 
 def test_pack_env_gives_same_bytes_when_packed_twice(tmp_path):

@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonpack import CARD_ROOT, library_sharing
+from tritonpack import CARD_ROOT, archive, backends, library_sharing, repository
 from tritonpack.archive import normalise_name
 from tritonpack.backends import ENVIRONMENTS
 from tritonpack.cache import ArtifactCache, producer
@@ -93,14 +93,20 @@ class EnvSpec:
             path = ENVS_DIR / name / "environment.yml"
             if not path.exists():
                 raise EnvError(f"no environment {name!r} ({path} is missing); known: {', '.join(known_envs())}")
+            try:
+                data = yaml.safe_load(path.read_text())
+            except yaml.YAMLError as e:
+                raise EnvError(f"{path}: not YAML: {str(e).splitlines()[0]}") from None
             found = []
-            for dep in yaml.safe_load(path.read_text()).get("dependencies", []):
-                if isinstance(dep, str) and dep.startswith("python"):
-                    pythons.add(dep.split("=", 1)[1].lstrip("="))
+            dependencies = data.get("dependencies") if isinstance(data, dict) else None
+            for dep in dependencies if isinstance(dependencies, list) else ():
+                if isinstance(dep, str) and (pin := re.fullmatch(r"python\s*=+\s*(\d+\.\d+)(\.\*)?", dep.strip())):
+                    pythons.add(pin[1])
                 elif isinstance(dep, dict):
                     found += dep.get("pip", [])
             if not found or len(pythons) != 1:
-                raise EnvError(f"{path}: needs the same python=X.Y pin as the others and a pip: list")
+                raise EnvError(f"{path}: needs dependencies with a python=X.Y pin (the same as the others) and a "
+                               f"pip: list")
             bad = [p for p in found if "==" not in p]
             if bad:
                 raise EnvError(f"{path}: pin every package exactly (==): {bad}")
@@ -174,7 +180,8 @@ def pack_env(names: str | tuple[str, ...], out_dir: Path, python: str | None = N
     return PackedEnv(spec.name, python, target, spec.packages, method)
 
 
-@producer("packed-env", libraries=("venv-pack", "conda-pack"), code=(ENVS_DIR, Path(library_sharing.__file__)))
+@producer("packed-env", libraries=("venv-pack", "conda-pack"),
+          code=(ENVS_DIR, *(Path(module.__file__) for module in (library_sharing, archive, backends, repository))))
 def packed_env(out_dir: Path, names: tuple[str, ...], python: str, method: str) -> None:
     pack_env(names, out_dir, python, method)
 
@@ -229,6 +236,8 @@ def _venv_env(spec: EnvSpec, python: str, prefix: Path) -> None:
 
 
 def _conda_env(spec: EnvSpec, python: str, prefix: Path) -> None:  # pragma: no cover - no conda on CI
+    if shutil.which("conda") is None:
+        raise EnvError("--method conda-pack needs conda on PATH; pack with --method venv-pack instead")
     _run(["conda", "create", "--yes", "--quiet", "-p", str(prefix), "-c", "conda-forge", f"python={python}",
           "pip"])
     _run([str(prefix / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile", "--no-deps",

@@ -44,9 +44,9 @@ class Fault:
     at: float  # Unix time the fault was injected
     behaviour: str = ""
     healthy_requests: int = 0
-    healthy_lost: int = 0  # healthy requests started in this phase that got no 200
+    healthy_lost: int = 0  # healthy requests that ended in this phase without a 200
     lost_reasons: dict = field(default_factory=dict)  # status and error text → count
-    slowest_s: float = 0.0  # the longest wait of a healthy request started in this phase
+    slowest_s: float = 0.0  # the longest wait of a healthy request that ended in this phase
     recovery_s: float = 0.0  # from the fault to the end of the last healthy request that failed or took > 1 s
     metrics: dict = field(default_factory=dict)  # the gateway's counters that moved during the phase
 
@@ -152,6 +152,7 @@ def run(out: Path, users: int = 8, phase_s: float = 12.0) -> LoadReport:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "src"), str(root), os.environ.get("PYTHONPATH", "")]),
                MME_LOAD_LOG=str(log_path))
     report = LoadReport(users, cpu=cpu_model())
+    regions_before, servers = hostile.shm_regions(), []  # every tritonserver the gateway runs, for what is left
     with ExitStack() as stack:
         gateway_log, locust_log = (stack.enter_context(open(out / name, "w")) for name in ("gateway.log", "locust.log"))
         gateway = subprocess.Popen([sys.executable, "-m", "tritonpack.cli", "mme", "--models", str(models), "--port",
@@ -167,9 +168,9 @@ def run(out: Path, users: int = 8, phase_s: float = 12.0) -> LoadReport:
                                   stdout=locust_log, stderr=subprocess.STDOUT)
         stack.callback(lambda: locust.poll() is None and locust.kill())
         time.sleep(phase_s)
-        report.faults = inject_faults(url, gateway, phase_s)
-        server = tritonserver_of(gateway)
-        regions = {r for r in hostile.shm_regions() if any(r in line for line in maps_of(server))}
+        servers.append(tritonserver_of(gateway))
+        report.faults = inject_faults(url, gateway, phase_s, servers)
+        servers.append(tritonserver_of(gateway))
         time.sleep(phase_s / 2)
         terminated = time.time()
         gateway.send_signal(signal.SIGTERM)
@@ -181,20 +182,14 @@ def run(out: Path, users: int = 8, phase_s: float = 12.0) -> LoadReport:
     requests = read_log(log_path)
     report.requests = len(requests)
     judge_faults(report.faults, requests, terminated)
-    report.shutdown = judge_shutdown(requests, terminated, exited, server, regions, workdir)
+    report.shutdown = judge_shutdown(requests, terminated, exited, servers, regions_before, workdir)
     (out / "report.json").write_text(json.dumps(asdict(report), indent=1))
     (out / "report.md").write_text(report.markdown())
     return report
 
 
-def maps_of(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/maps").read_text().splitlines()
-    except OSError:
-        return []
-
-
-def inject_faults(url: str, gateway: subprocess.Popen, phase_s: float) -> list[Fault]:
+def inject_faults(url: str, gateway: subprocess.Popen, phase_s: float, servers: list[int]) -> list[Fault]:
+    """The four faults, one phase each; `servers` gets each tritonserver a fault ends."""
     faults = []
 
     def phase(name: str, action) -> None:
@@ -215,10 +210,12 @@ def inject_faults(url: str, gateway: subprocess.Popen, phase_s: float) -> list[F
         return "; ".join(f"{status}" + (" quarantined" if "quarantined" in text else "") for status, text in answers)
 
     def kill_server() -> str:
-        os.kill(tritonserver_of(gateway), signal.SIGKILL)
+        servers.append(tritonserver_of(gateway))
+        os.kill(servers[-1], signal.SIGKILL)
         return "tritonserver SIGKILLed: calls in it get 503 + Retry-After, restarted by the watchdog"
 
     def server_killer() -> str:
+        servers.append(tritonserver_of(gateway))
         status, text = invoke(url, "server-killer.tar.gz")
         return f"{status}: {text[:70]}"
 
@@ -248,8 +245,10 @@ def reason_of(text: str) -> str:
     return re.sub(r"\d+(\.\d+)?", "N", (message[1] if message else text).split(";")[0])[:70]
 
 
-def judge_shutdown(requests, terminated: float, exited: float, server: int, regions: set[str],
+def judge_shutdown(requests, terminated: float, exited: float, servers: list[int], regions_before: set[str],
                    workdir: Path) -> dict:
+    """How SIGTERM under load went: every call in flight answered 200, or 503 with Retry-After; nothing of any
+    tritonserver the run started left (processes of their groups, /dev/shm regions, the working folder)."""
     in_flight = [r for r in requests if r[0] < terminated <= r[0] + r[3]]
     after = [r for r in requests if r[0] >= terminated]
     statuses = {}
@@ -259,13 +258,13 @@ def judge_shutdown(requests, terminated: float, exited: float, server: int, regi
         "behaviour": f"in flight: {sum(r[2] == 200 for r in in_flight)} answered 200, "
                      f"{sum(r[2] == 503 for r in in_flight)} 503 + Retry-After; sent later: {statuses}",
         "in_flight": len(in_flight),
-        "in_flight_lost": sum(r[2] == 0 or 400 <= r[2] < 500 for r in in_flight),  # no answer, or a 4xx
+        "in_flight_lost": sum(not (r[2] == 200 or (r[2] == 503 and r[4])) for r in in_flight),
         "after_sigterm": statuses,
         "answered_4xx": sum(400 <= r[2] < 500 for r in requests if r[0] >= terminated - 1),
         "503_without_retry_after": sum(r[2] == 503 and not r[4] for r in requests),
         "exit_s": exited - terminated,
-        "processes_left": group_members(server),
-        "shm_regions_left": sorted(regions & hostile.shm_regions()),
+        "processes_left": sorted({pid for server in servers for pid in group_members(server)}),
+        "shm_regions_left": sorted(hostile.shm_regions() - regions_before),
         "workdir_left": workdir.exists(),
     }
 
