@@ -80,15 +80,16 @@ class DaliTorchInProcess:
 
 
 def pil_preprocess(encoded: bytes) -> np.ndarray:
-    """torchvision's eval transform in PIL/numpy: Resize(256) bilinear antialiased, CenterCrop(224), normalise."""
+    """torchvision's eval transform as torchvision computes it on a PIL image: Resize(256) (the longer side
+    truncated to int(256 * long / short), PIL bilinear, antialiased), CenterCrop(224) (offsets rounded as Python's
+    round), normalise, CHW."""
     from PIL import Image
 
     image = Image.open(io.BytesIO(encoded)).convert("RGB")
     w, h = image.size
-    scale = 256 / min(w, h)
-    image = image.resize((max(256, round(w * scale)), max(256, round(h * scale))), Image.BILINEAR)
-    w, h = image.size
-    left, top = (w - 224) // 2, (h - 224) // 2
+    size = (256, int(256 * h / w)) if w <= h else (int(256 * w / h), 256)
+    image = image.resize(size, Image.BILINEAR)
+    left, top = int(round((size[0] - 224) / 2.0)), int(round((size[1] - 224) / 2.0))
     pixels = np.asarray(image.crop((left, top, left + 224, top + 224)), dtype=np.float32)
     return ((pixels - MEAN) / STD).transpose(2, 0, 1)
 

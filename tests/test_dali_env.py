@@ -61,7 +61,7 @@ def test_dali_runner_serves_same_pixels_from_packed_env_when_env_is_attached(env
                                       outputs=[http.InferRequestedOutput("PIXELS", binary_data=True)])
                 np.testing.assert_allclose(answer.as_numpy("PIXELS")[0], preprocess_in_process(model_dali, image),
                                            rtol=1e-6, atol=1e-6, err_msg=kind)
-            with pytest.raises(InferenceServerException, match="could not be decoded") as bad:
+            with pytest.raises(InferenceServerException, match="IMAGE: not an image DALI decodes") as bad:
                 client.infer(MODEL, image_inputs([bad_payloads()["truncated_jpeg"]]))
             assert bad.value.status() == "400"
             assert server.is_ready()

@@ -65,5 +65,17 @@ def test_check_image_pixels_rejects_image_when_header_claims_more_than_limit():
 
 
 def test_check_image_pixels_accepts_image_when_within_limit_or_disabled():
-    check_image_pixels(hostile.sample_jpeg(), 64 * 48, "IMAGE[0]")
-    check_image_pixels(hostile.jpeg_claiming(hostile.sample_jpeg(), 20000, 20000), 0, "IMAGE[0]")
+    assert check_image_pixels(hostile.sample_jpeg(), 64 * 48, "IMAGE[0]") == 64 * 48
+    assert check_image_pixels(hostile.jpeg_claiming(hostile.sample_jpeg(), 20000, 20000), 0, "IMAGE[0]") == 4 * 10**8
+    assert check_image_pixels(b"not an image", 64 * 48, "IMAGE[0]") == 0
+
+
+def test_image_size_reads_a_jpeg_through_the_decoders_parser_when_stray_bytes_hide_its_frame_header():
+    """A marker byte changed to RST1 (E0 → D1) turned APP0's body into 16 stray bytes: the reading stopped there and
+    accepted the image, while libjpeg skips them and decoded a 3.4 KB file claiming 20000x20000 (+2.2 GB)."""
+    claiming = hostile.jpeg_claiming(hostile.sample_jpeg(), 20000, 20000)
+    stray = claiming[:3] + b"\xd1" + claiming[4:]
+    assert header._jpeg_size(stray) is None
+    assert image_size(stray) == (20000, 20000)
+    with pytest.raises(ClientError, match=r"header claims 20000x20000"):
+        check_image_pixels(stray, 50_000_000, "IMAGE[0]")

@@ -169,7 +169,7 @@ def test_served_ensemble_error_names_the_input_without_traceback_when_bytes_are_
     finally:
         client.close()
     message = str(raised.value)
-    assert "IMAGE could not be decoded" in message and "Traceback" not in message and ".py" not in message
+    assert "IMAGE: not an image DALI decodes" in message and "Traceback" not in message and ".py" not in message
 
 
 @pytest.mark.parametrize("name", IMAGE_ENSEMBLES)

@@ -32,19 +32,23 @@ class TritonPythonModel:
                            lambda rows: [pb_utils.Tensor(self.output_name, rows)], pb_utils.Logger)
 
     def _parse(self, request):
+        """The request's images and the pixels each header claims."""
         try:
             samples = rows_to_samples(read_input(pb_utils, request, self.input_name))
         except ValueError as e:
             raise ClientError(str(e)) from None
-        for i, sample in enumerate(samples):
-            check_image_pixels(sample.tobytes(), self.max_image_pixels, f"{self.input_name}[{i}]")
-        return samples
+        return [(sample, check_image_pixels(sample.tobytes(), self.max_image_pixels, f"{self.input_name}[{i}]"))
+                for i, sample in enumerate(samples)]
 
     def _run(self, items):
+        """Every image of every request, in pipeline runs that together decode at most `max_image_pixels` (DALI
+        decodes a run's images at once and keeps the buffers: 128 images at the limit would hold ~19 GB)."""
+        images = [image for samples in items for image in samples]
         try:
-            outputs = self.pipeline.run([sample for samples in items for sample in samples])
+            outputs = self.pipeline.run([sample for sample, _ in images], [pixels for _, pixels in images],
+                                        self.max_image_pixels)
         except PipelineRunFailed as e:
-            raise ClientError(f"{self.input_name} could not be decoded as an image: {e}") from None
+            raise ClientError(f"{self.input_name}: {e}") from None
         results, start = [], 0
         for samples in items:
             results.append(np.stack(outputs[start:start + len(samples)]).astype(np.float32, copy=False))

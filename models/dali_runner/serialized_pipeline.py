@@ -6,6 +6,7 @@ so a failed run rebuilds it from the serialized bytes before reporting the failu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -40,11 +41,13 @@ class SerializedPipeline:
         pipe.build()
         return pipe
 
-    def run(self, samples: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """The pipeline's first output for each sample (1-D uint8 arrays), in order."""
+    def run(self, samples: Sequence[np.ndarray], weights: Sequence[int] = (), max_weight: int = 0) -> list[np.ndarray]:
+        """The pipeline's first output for each sample (1-D uint8 arrays), in order: in runs of at most
+        `max_batch_size` samples whose `weights` (pixels) add up to at most `max_weight` (0: no limit; a sample
+        heavier than that runs alone)."""
         outputs: list[np.ndarray] = []
-        for start in range(0, len(samples), self.max_batch_size):
-            outputs.extend(self._run_chunk(samples[start:start + self.max_batch_size]))
+        for run in _runs(len(samples), self.max_batch_size, weights, max_weight):
+            outputs.extend(self._run_chunk([samples[i] for i in run]))
         return outputs
 
     def _run_chunk(self, samples: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -53,14 +56,31 @@ class SerializedPipeline:
             result = self._pipe.run()[0]
         except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError subclasses with multi-line text
             self._pipe = self._build()
-            raise PipelineRunFailed(_first_line(e)) from None
+            raise PipelineRunFailed(_reason(e)) from None
         return [np.array(result[i]) for i in range(len(samples))]
 
 
-def _first_line(error: Exception) -> str:
-    """The line of DALI's multi-line error that names the failure, without its pipeline traceback."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return next((line for line in lines if "fail" in line.lower()), lines[-1] if lines else type(error).__name__)
+def _runs(count: int, max_batch_size: int, weights: Sequence[int], max_weight: int) -> list[range]:
+    runs, start, total = [], 0, 0
+    for i in range(count):
+        weight = weights[i] if weights else 0
+        if i > start and (i - start == max_batch_size or (max_weight and total + weight > max_weight)):
+            runs.append(range(start, i))
+            start, total = i, 0
+        total += weight
+    return runs + ([range(start, count)] if count else [])
+
+
+def _reason(error: Exception) -> str:
+    """What failed, in one line: DALI's text names the operator and carries the pipeline's source traceback (paths
+    of the build machine), then what it encountered; its decoder's own reason goes to the log only."""
+    text = str(error)
+    operator = re.search(r"Error in \w+ operator `([^`]+)`", text)
+    if operator and "decoders" in operator[1]:
+        return ("not an image DALI decodes (JPEG, PNG, BMP, TIFF, WebP, PNM, JPEG 2000), or truncated or damaged; "
+                "the server log has the decoder's reason")
+    encountered = text.split("encountered:", 1)[-1].strip().splitlines()
+    return f"preprocessing failed: {encountered[0]}" if encountered else type(error).__name__
 
 
 def rows_to_samples(array: np.ndarray) -> list[np.ndarray]:

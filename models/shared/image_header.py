@@ -1,7 +1,8 @@
 """Image dimensions from the image's header, read before any decoding (decompression-bomb guard).
 
 PNG and JPEG, nearly all traffic, are read here with the standard library; the other formats DALI decodes (BMP,
-TIFF, WebP, PNM, JPEG 2000) by nvImageCodec's parsers, the library DALI decodes them with. Copied beside each python
+TIFF, WebP, PNM, JPEG 2000), and a PNG or JPEG this reading cannot follow, by nvImageCodec's parsers, the library
+DALI decodes them with. Copied beside each python
 model's `model.py` at build time.
 """
 
@@ -22,11 +23,12 @@ JPEG_FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
 def image_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) claimed by the image's header; None when no decoder could read it."""
-    if data[:8] == PNG_SIGNATURE:
-        return struct.unpack(">II", data[16:24]) if len(data) >= 24 and data[12:16] == b"IHDR" else None
-    if data[:2] == b"\xff\xd8":
-        return _jpeg_size(data)
+    """(width, height) claimed by the image's header; None when no decoder could read it. A PNG or JPEG header
+    this reading does not follow (a decoder skips stray bytes between JPEG markers) goes to nvImageCodec's parser."""
+    if data[:8] == PNG_SIGNATURE and len(data) >= 24 and data[12:16] == b"IHDR":
+        return struct.unpack(">II", data[16:24])
+    if data[:2] == b"\xff\xd8" and (size := _jpeg_size(data)) is not None:
+        return size
     return _other_format_size(data)
 
 
@@ -63,11 +65,12 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def check_image_pixels(data: bytes, max_pixels: int, name: str) -> None:
-    """Raise ClientError when the header claims more than `max_pixels` pixels (0 disables the check)."""
-    if max_pixels <= 0:
-        return
+def check_image_pixels(data: bytes, max_pixels: int, name: str) -> int:
+    """The pixels the header claims (0 when no parser reads it: nothing decodes it either); ClientError when more
+    than `max_pixels` (0 disables the check)."""
     size = image_size(data)
-    if size is not None and size[0] * size[1] > max_pixels:
-        raise ClientError(f"{name} header claims {size[0]}x{size[1]} = {size[0] * size[1]} pixels, more than "
-                          f"the limit of {max_pixels}")
+    pixels = size[0] * size[1] if size is not None else 0
+    if 0 < max_pixels < pixels:
+        raise ClientError(f"{name} header claims {size[0]}x{size[1]} = {pixels} pixels, more than the limit of "
+                          f"{max_pixels}")
+    return pixels
