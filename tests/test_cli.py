@@ -112,15 +112,32 @@ MISTAKES = {  # argv → what the one line says; each used to end in a traceback
     "env python malformed": (["build", "bert", "--target", "portable", "--env-python", "3"],
                              "error: --env-python '3': write the Python minor version, e.g. 3.10"),
     "envs folder is a file": (["env", "text", "--out", "{file}"], "error: {file}: File exists"),
+    "check the dist folder": (["check", "{tmp}"], "holds 1 built repositories and tarballs, not one repository; "
+                                                 "check one: `tritonpack check {tmp}/bert-portable.tar.gz`"),
+    "serve a tarball": (["serve", "{file}"], "error: {file} is a file: `serve` takes a repository folder"),
+    "serve a folder of no models": (["serve", "{tmp}"], "would not load: {tmp_name}: models: no model folder"),
+    "mme models is a file": (["mme", "--models", "{file}"], "error: --models {file}: a file; --models takes the "
+                                                            "folder holding the tarballs"),
+    "gpu without tensorrt": (["build", "resnet_trt", "--target", "gpu"],  # before the ONNX export it would build
+                             "error: TensorRT is not installed"),
+    "deploy version": (["deploy", "--name", "e", "--model-data-url", "s3://b/p/", "--role", "r", "--dry-run",
+                        "--triton-version", "foo"], "error: --triton-version 'foo': a container release such as"),
+    "deploy no instance": (["deploy", "--name", "e", "--model-data-url", "s3://b/p/", "--role", "r", "--dry-run",
+                            "--min-instances", "0"], "error: --min-instances must be at least 1"),
+    "deploy name": (["deploy", "--name", "bad name!", "--model-data-url", "s3://b/p/", "--role", "r", "--dry-run"],
+                    "error: --name 'bad name!': letters, digits and hyphens"),
 }
 
 
 @pytest.mark.parametrize("mistake", MISTAKES)
 def test_cli_prints_one_line_and_exits_2_for_each_user_mistake(mistake, tmp_path, capsys):
     argv, said = MISTAKES[mistake]
-    fill = {"tmp": tmp_path, "port": closed_port(), "file": tmp_path / "a-file"}
-    fill["file"].write_text("")
+    fill = {"tmp": tmp_path, "tmp_name": tmp_path.name, "port": closed_port(), "file": tmp_path / "a-file"}
     argv = [a.format(**fill) for a in argv]
+    if mistake == "check the dist folder":
+        (tmp_path / "bert-portable.tar.gz").write_bytes(b"")
+    elif mistake != "serve a folder of no models":
+        fill["file"].write_text("")
     if argv[0] == "build":
         argv += ["--dist", str(tmp_path / "dist")]
     assert main(argv) == 2
@@ -128,13 +145,19 @@ def test_cli_prints_one_line_and_exits_2_for_each_user_mistake(mistake, tmp_path
     assert len(err) == 1 and err[0].startswith("error: ") and said.format(**fill) in err[0], err
 
 
-@pytest.mark.parametrize("argv", [["serve", "dist/bert-portable", "--http-port", "99999"],
-                                  ["mme", "--models", "dist", "--port", "-1"]])
-def test_cli_refuses_a_port_out_of_range_in_its_usage_line(argv, capsys):
+@pytest.mark.parametrize(("argv", "said"), [
+    (["serve", "dist/bert-portable", "--http-port", "99999"], "is not a port (0-65535; 0: a free one)"),
+    (["mme", "--models", "dist", "--port", "-1"], "is not a port (0-65535; 0: a free one)"),
+    # botocore's ValueError("Invalid endpoint") ended in a traceback
+    (["infer", "hi", "--mme", "127.0.0.1:8080", "--target-model", "a.tar.gz"], "write the endpoint as http://"),
+    (["upload", "a.tar.gz", "s3://b/p/", "--endpoint-url", "notaurl"], "write the endpoint as http://"),
+    (["check", "dist/bert-portable", "--python", "2"], "write the Python minor version as X.Y"),
+])
+def test_cli_refuses_a_malformed_option_value_in_its_usage_line(argv, said, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2
-    assert "is not a port (0-65535; 0: a free one)" in capsys.readouterr().err.splitlines()[-1]
+    assert said in capsys.readouterr().err.splitlines()[-1]
 
 
 def test_cli_bench_passes_what_follows_the_double_dash_to_the_benchmarks(capfd):
@@ -161,11 +184,12 @@ def test_cli_build_smoke_names_the_serving_command_when_the_local_triton_lacks_t
     result = run_cli("build", "bert", "--target", "cpu", "--smoke", "--dist", str(dist))
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and "check:      ok (4 models, entry bert)" in result.stdout
-    repository = dist / "bert-cpu"
+    repository, served = dist / "bert-cpu", (dist / "bert-cpu.triton").resolve()
     assert result.stdout.splitlines()[-1] == (
         f"{repository} needs Triton's onnxruntime_onnx backend, which the local Triton (python backend only) lacks; "
-        f"serve it with: docker run --rm -p8000:8000 -v {repository.resolve()}:/models "
-        f"nvcr.io/nvidia/tritonserver:24.09-py3 tritonserver --model-repository=/models")
+        f"serve it with: mkdir -p {served} && tar -xzf {served.with_suffix('.tar.gz')} -C {served} && docker run "
+        f"--rm -p8000:8000 -v {served}:/models nvcr.io/nvidia/tritonserver:24.09-py3 tritonserver "
+        f"--model-repository=/models")  # the tarball: its environment has what the container's Python lacks
     assert (dist / ".bert.target").read_text() == "cpu\n"
 
 

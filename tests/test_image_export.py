@@ -100,6 +100,7 @@ def test_resnet_trt_gpu_config_has_profile_and_warmup_at_128_when_plan_build_is_
 
     # its own kind: a real build never finds the stub's output in the shared cache
     monkeypatch.setattr(tritonpack.assembly.image, "tensorrt_plan", Producer("tensorrt-plan-stub", fake_plan))
+    monkeypatch.setattr(tritonpack.assembly.image, "require_tensorrt", lambda: None)
     result = build(BuildRequest("resnet_trt", "gpu", fp16=True, dist=_dist_sharing_cache(tmp_path, test_dist)))
     asked = json.loads((result.repository / "resnet_trt_classifier" / "1" / "model.plan").read_text())
     (profile,) = asked["profiles"]

@@ -163,3 +163,16 @@ def test_metrics_render_every_digit_of_a_count_above_a_million():
         metrics.inc("Invocations", 411_522)
     values = parse_metrics(metrics.render())
     assert values["Invocations"] == 1_234_566  # ':g' rendered 1.23457e+06
+
+
+@pytest.mark.parametrize("target", ["./a.tar.gz", "m//a.tar.gz", " a.tar.gz", "a\u0085.tar.gz", "a\tb.tar.gz",
+                                    "../a.tar.gz", "/a.tar.gz", "m/"])
+def test_target_names_follow_sagemakers_pattern_and_name_one_key(target):
+    """TargetModel is \\A\\S[\\p{Print}]*\\z, and S3 does not normalise keys: "./a.tar.gz" loaded a second copy of
+    a.tar.gz here, counted against --max-models, where SageMaker finds no such key."""
+    from tritonpack.mme.sources import TargetError, validate_target
+
+    with pytest.raises(TargetError) as refused:
+        validate_target(target)
+    assert refused.value.status == 400
+    assert validate_target("models/a b.tar.gz") == "models/a b.tar.gz"

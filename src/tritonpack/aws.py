@@ -8,6 +8,7 @@ it created is printed.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
@@ -44,15 +45,32 @@ VARIANT = "AllTraffic"
 def aws_errors(what: str):
     """An error the AWS API (or botocore) reports becomes one line naming the call, the code and AWS's reason."""
     from boto3.exceptions import Boto3Error
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 
     try:
         yield
     except ClientError as e:
         error = e.response.get("Error", {})
-        raise UserError(f"{what}: AWS refused it: {error.get('Code', 'error')}: {error.get('Message', e)}") from None
+        reason = " ".join(str(error.get("Message", e)).split())[:300]  # one line, even where an HTML page answered
+        raise UserError(f"{what}: refused: {error.get('Code', 'error')}: {reason}") from None
+    except NoCredentialsError as e:
+        raise UserError(f"{what}: {e}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or run "
+                        f"`aws configure`") from None
+    except EndpointConnectionError as e:
+        raise UserError(f"{what}: {e}: is the endpoint up? (a local MME: `tritonpack mme --models dist`)") from None
     except (BotoCoreError, Boto3Error) as e:  # boto3's transfers wrap what S3 answered (S3UploadFailedError)
         raise UserError(f"{what}: {e}") from None
+
+
+def endpoint_url(text: str) -> str:
+    """An API endpoint option's value (argparse type): botocore takes only http(s)://host[:port]."""
+    import argparse
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r}: write the endpoint as http://host:port (or https://…)")
+    return text
 
 
 def split_s3_url(url: str) -> tuple[str, str]:
@@ -147,6 +165,8 @@ def upload(tarballs: Sequence[Path], destination: str, copies: int = 1, endpoint
     bucket, prefix = split_s3_url(destination)
     tarballs = [Path(t) for t in tarballs]
     for tarball in tarballs:
+        if tarball.is_dir():
+            raise UserError(f"{tarball} is a folder: upload takes MME tarballs ({tarball}.tar.gz)")
         if not tarball.is_file():
             raise UserError(f"{tarball}: no such file")
     if copies < 1 or threads < 1:
@@ -228,6 +248,14 @@ class DeploySpec:
 
     def __post_init__(self) -> None:
         split_s3_url(self.model_data_url)
+        if len(self.name) > 56 or not re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9])*", self.name):
+            raise UserError(f"--name {self.name!r}: letters, digits and hyphens, at most 56 (SageMaker names take 63, "
+                            f"and the config is named <name>-config)")
+        if self.image is None and not re.fullmatch(r"\d\d\.\d\d", self.triton_version):
+            raise UserError(f"--triton-version {self.triton_version!r}: a container release such as "
+                            f"{DEFAULT_TRITON_VERSION}")
+        if self.min_instances < 1:
+            raise UserError("--min-instances must be at least 1")
         if self.scaling_metric not in ("gpu", "invocations"):
             raise UserError(f"scaling metric {self.scaling_metric!r}: gpu or invocations")
         if self.max_instances and self.max_instances < self.min_instances:
@@ -342,7 +370,7 @@ def add_command(subparsers) -> None:
     u.add_argument("tarballs", nargs="+", metavar="TARBALL")
     u.add_argument("destination", metavar="s3://bucket/prefix/")
     u.add_argument("--copies", type=int, default=1, help="N copies named <stem>-<i>.tar.gz (default 1: own name)")
-    u.add_argument("--endpoint-url", help="S3 endpoint (an S3-compatible store, moto)")
+    u.add_argument("--endpoint-url", type=endpoint_url, help="S3 endpoint (an S3-compatible store, moto)")
     u.add_argument("--threads", type=int, default=8, help="parallel parts and copies (default 8)")
     u.add_argument("--list", action="store_true", help="print every uploaded URL, not only the first ones")
     u.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -371,6 +399,7 @@ def add_command(subparsers) -> None:
                    help="gpu: GPUUtilization (custom metric, target 60); invocations: "
                         "SageMakerVariantInvocationsPerInstance (target 1000)")
     d.add_argument("--target-value", type=float, default=0.0, help="target of the tracking policy")
-    d.add_argument("--endpoint-url", help="API endpoint for SageMaker and Application Auto Scaling (moto)")
+    d.add_argument("--endpoint-url", type=endpoint_url,
+                   help="API endpoint for SageMaker and Application Auto Scaling (moto)")
     d.add_argument("--dry-run", action="store_true", help="print the calls, make none")
     d.set_defaults(func=cmd_deploy)

@@ -7,7 +7,6 @@ repository and its reproducible MME tarball are written with a manifest.
 
 from __future__ import annotations
 
-import re
 import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -16,7 +15,7 @@ from tritonpack import ensembles
 from tritonpack.assembly import assemble
 from tritonpack.cache import ArtifactCache
 from tritonpack.components import TARGETS
-from tritonpack.containers import DEFAULT_CONTAINER, container_python
+from tritonpack.containers import DEFAULT_CONTAINER, PYTHON_MINOR, container_python
 from tritonpack.contracts import IoNames
 from tritonpack.env import attach_environment, manifest_fields
 from tritonpack.envpack import with_bytecode
@@ -65,7 +64,7 @@ class BuildRequest:
                             f"{'image' if text else 'text'} ensembles ({self.name} takes {takes})")
         if self.weights is not None and not Path(self.weights).exists():
             raise SpecError(f"--weights {self.weights}: no such file or folder")
-        if self.env_python is not None and not re.fullmatch(r"3\.\d+", self.env_python):
+        if self.env_python is not None and not PYTHON_MINOR.fullmatch(self.env_python):
             raise SpecError(f"--env-python {self.env_python!r}: write the Python minor version, e.g. 3.10")
         container_python(self.container)  # a malformed or unknown release is refused before anything is built
 

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from tritonpack.aws import endpoint_url
 from tritonpack.containers import DEFAULT_CONTAINER
 from tritonpack.contracts import IoNames
 from tritonpack.errors import ServerError, TritonpackError, UserError, disk_full
@@ -88,21 +89,27 @@ def demo_request(url: str, repo: Path) -> None:
 def build_hint(repository: Path) -> str:
     """The command that builds `repository` (a folder or its tarball), where its name says which ensemble and
     target it is."""
-    from tritonpack.components import TARGETS
-    from tritonpack.ensembles import NAMES
+    from tritonpack.ensembles import NAMES, recipe
 
     name, _, target = repository.name.removesuffix(".tar.gz").rpartition("-")
-    if name in NAMES and target in TARGETS:
+    if name in NAMES and target in recipe(name).targets:
         return f"`make build NAME={name} TARGET={target}` builds it"
-    return "`make build NAME=bert` builds one into dist/bert-portable"
+    if name in NAMES:
+        return f"{name} builds for {', '.join(recipe(name).targets)}, not {target!r}"
+    return f"`make build NAME=bert` builds one into dist/bert-portable (ensembles: {', '.join(NAMES)})"
 
 
 def cmd_serve(args) -> int:
     from tritonpack.server import TritonServer, native_backends
 
-    if not Path(args.repository).is_dir():
-        raise UserError(f"{args.repository}: no such repository folder; {build_hint(Path(args.repository))}")
-    needed, gpu = native_backends(Path(args.repository))
+    repository = Path(args.repository)
+    if repository.is_file():
+        raise UserError(f"{repository} is a file: `serve` takes a repository folder (dist/bert-portable); a tarball "
+                        f"is served by the local MME: `tritonpack mme --models {repository.parent}`")
+    if not repository.is_dir():
+        raise UserError(f"{repository}: no such repository folder; {build_hint(repository)}")
+    refuse_what_would_not_load(repository)
+    needed, gpu = native_backends(repository)
     if needed:  # the bundled Triton has only the python backend: say where the repository does run
         from tritonpack.containers import docker_command
 
@@ -137,6 +144,20 @@ def cmd_serve(args) -> int:
     finally:
         restore_signals(previous)
     return 0
+
+
+def refuse_what_would_not_load(repository: Path) -> None:
+    """`check --local`'s structural checks before tritonserver starts: a folder that is not a model repository (or
+    one Triton would refuse) is said in one line, not in tritonserver's log after a start that fails or serves
+    nothing."""
+    from tritonpack.check import check
+    from tritonpack.server import PYTHON_VERSION, local_python_has
+
+    report = check(repository, python=PYTHON_VERSION, server_has=local_python_has)
+    if report.problems:
+        more = f" (and {len(report.problems) - 1} more)" if len(report.problems) > 1 else ""
+        raise UserError(f"{repository} would not load: {report.problems[0]}{more}; `tritonpack check {repository} "
+                        f"--local` lists every problem")
 
 
 def interrupt(*_) -> None:
@@ -260,8 +281,9 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP host:port")
     i.add_argument("--model", default="bert")
     i.add_argument("--json", action="store_true", help="print all values as JSON")
-    i.add_argument("--mme", metavar="URL", help="invoke a multi-model endpoint through boto3's sagemaker-runtime "
-                                                "instead: the local MME's URL, or 'aws' for the real SageMaker")
+    i.add_argument("--mme", metavar="URL", type=lambda text: text if text == "aws" else endpoint_url(text),
+                   help="invoke a multi-model endpoint through boto3's sagemaker-runtime instead: the local MME's "
+                        "URL (http://host:port), or 'aws' for the real SageMaker")
     i.add_argument("--target-model", help="with --mme: the tarball to invoke (X-Amzn-SageMaker-Target-Model)")
     i.add_argument("--endpoint-name", default="local", help="with --mme: the endpoint (default local)")
     i.add_argument("--format", choices=("json", "binary"), default="binary",

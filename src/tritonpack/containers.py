@@ -72,6 +72,18 @@ def serve_flags(environment: Mapping[str, str]) -> list[str]:
             *shlex.split(environment.get(ADDITIONAL_ARGS, ""))]
 
 
+PYTHON_MINOR = re.compile(r"3\.\d{1,2}")
+
+
+def python_minor(text: str) -> str:
+    """An option naming a Python minor version (argparse type), e.g. 3.10."""
+    import argparse
+
+    if not PYTHON_MINOR.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: write the Python minor version as X.Y, e.g. 3.10")
+    return text
+
+
 def version_key(version: str) -> tuple[int, int]:
     """(major, minor) of a Triton container release such as `24.09`."""
     if not re.fullmatch(r"\d+\.\d+", version):
@@ -101,7 +113,11 @@ def containers_for(python: str) -> list[str]:
 
 
 def docker_command(repository: Path, target: str, container: str = DEFAULT_CONTAINER) -> str:
-    """The command that serves `repository` in the NGC Triton container of that release (GPUs for `gpu`)."""
+    """The commands that serve `repository` in the NGC Triton container of that release (GPUs for `gpu`): its MME
+    tarball extracted beside it, which carries the packed environment the container's Python lacks (the local
+    repository's python models run in this interpreter's environment)."""
+    repository = Path(repository).resolve()
+    tarball, served = (repository.with_name(f"{repository.name}{suffix}") for suffix in (".tar.gz", ".triton"))
     gpus = "--gpus all " if target == "gpu" else ""
-    return (f"docker run --rm {gpus}-p8000:8000 -v {Path(repository).resolve()}:/models "
-            f"nvcr.io/nvidia/tritonserver:{container}-py3 tritonserver --model-repository=/models")
+    return (f"mkdir -p {served} && tar -xzf {tarball} -C {served} && docker run --rm {gpus}-p8000:8000 "
+            f"-v {served}:/models nvcr.io/nvidia/tritonserver:{container}-py3 tritonserver --model-repository=/models")

@@ -17,7 +17,14 @@ from pathlib import Path
 from tritonpack.backends import DALI_MODULE, ENV_PARAMETER, ENVIRONMENTS, MODEL_DIR_VAR, RUNNER_MODULES
 from tritonpack.cache import ArtifactCache
 from tritonpack.components import ModelFolder, module_imports
-from tritonpack.containers import CONTAINER_PYTHON, DEFAULT_CONTAINER, container_python, containers_for, version_key
+from tritonpack.containers import (
+    CONTAINER_PYTHON,
+    DEFAULT_CONTAINER,
+    container_python,
+    containers_for,
+    python_minor,
+    version_key,
+)
 from tritonpack.envpack import cached_env, known_envs, packer
 from tritonpack.server import PYTHON_VERSION
 
@@ -121,8 +128,9 @@ def add_command(subparsers) -> None:
     e.add_argument("names", nargs="*",
                    help=f"environments (default: text openvino onnx); known: {', '.join(known_envs())}; "
                         f"NAME+NAME packs one environment of both")
-    e.add_argument("--python", help=f"the target Python minor version instead of --container's (e.g. {PYTHON_VERSION}, "
-                                    f"the local stub's)")
+    e.add_argument("--python", type=python_minor,
+                   help=f"the target Python minor version instead of --container's (e.g. {PYTHON_VERSION}, the "
+                        f"local stub's)")
     e.add_argument("--container", default=DEFAULT_CONTAINER,
                    help=f"Triton container release whose Python the environments are for (default {DEFAULT_CONTAINER}, "
                         f"as `build`)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tritonpack import contracts
-from tritonpack.build.build_tensorrt import ShapeProfile, tensorrt_plan
+from tritonpack.build.build_tensorrt import ShapeProfile, require_tensorrt, tensorrt_plan
 from tritonpack.build.export_inception import inception_v3
 from tritonpack.build.export_resnet50 import resnet50
 from tritonpack.build.serialize_dali import dali_pipeline
@@ -60,6 +60,7 @@ def classifier_artifact(classifier: Classifier, fmt: str, weights: Path | None, 
         folder = cache.get(inception_v3, graphdef=weights, onnx=fmt == "onnx")
         return Artifact(fmt, folder / ("model.onnx" if fmt == "onnx" else "model.graphdef"))
     if fmt == "tensorrt_plan":
+        require_tensorrt()  # before the export it would build from
         onnx = cache.get(resnet50, weights=weights, fmt="onnx") / "model.onnx"
         shape = classifier.input.dims
         profile = ShapeProfile(classifier.input.name, (1, *shape), (max(1, max_batch_size // 2), *shape),

@@ -5,7 +5,7 @@ when the encoder pools itself. Artifacts come from `build/` through the cache; n
 from __future__ import annotations
 
 from tritonpack import contracts
-from tritonpack.build.build_tensorrt import ShapeProfile, tensorrt_plan
+from tritonpack.build.build_tensorrt import ShapeProfile, require_tensorrt, tensorrt_plan
 from tritonpack.build.export_text_encoder import (
     encoder_fused,
     encoder_onnx,
@@ -71,6 +71,7 @@ def encoder_artifact(fmt: str, target: str, source: SentenceTransformerSource, s
         if serving.encoder_runtime != "onnxruntime" or serving.encoder_pack_tokens:
             raise SpecError("the gpu target runs its encoder as a TensorRT plan: encoder_runtime and "
                             "encoder_pack_tokens are for cpu/portable")
+        require_tensorrt()  # before the export it would build from
         onnx = cache.get(encoder_onnx, source=source) / "model.onnx"
         plan = cache.get(tensorrt_plan, onnx=onnx, profiles=text_profiles(source, serving.max_batch_size), fp16=fp16)
         return Artifact("tensorrt_plan", plan / "model.plan")

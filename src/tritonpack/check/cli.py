@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from tritonpack.archive import ArchiveLimits
+from tritonpack.containers import python_minor
 from tritonpack.errors import UserError
 
 
@@ -14,8 +15,14 @@ def cmd_check(args) -> int:
     from tritonpack.check import check
     from tritonpack.cli import build_hint
 
-    if not Path(args.path).exists():
-        raise UserError(f"{args.path}: no such file or folder; {build_hint(Path(args.path))}")
+    path = Path(args.path)
+    if not path.exists():
+        raise UserError(f"{args.path}: no such file or folder; {build_hint(path)}")
+    if path.is_dir() and not any(path.glob("*/config.pbtxt")):
+        built = sorted(path.glob("*.tar.gz")) + sorted({p.parent.parent for p in path.glob("*/*/config.pbtxt")})
+        if built:  # dist/ itself: a folder of repositories and tarballs is not one repository
+            raise UserError(f"{args.path} holds {len(built)} built repositories and tarballs, not one repository; "
+                            f"check one: `tritonpack check {built[0]}`")
     given = {"max_members": args.max_members, "max_total_bytes": args.max_total_bytes}
     for field, value in given.items():
         if value is not None and value < 1:
@@ -24,7 +31,9 @@ def cmd_check(args) -> int:
     if args.local:  # the bundled Triton: its stub runs this interpreter, whose packages the models may use
         from tritonpack.server import PYTHON_VERSION, local_python_has
 
-        report = check(Path(args.path), limits, python=PYTHON_VERSION, deep=args.deep, server_has=local_python_has)
+        # a folder as `tritonpack serve` runs it; a tarball as the local MME checks it before loading
+        python = PYTHON_VERSION if Path(args.path).is_dir() else None
+        report = check(Path(args.path), limits, python=python, deep=args.deep, server_has=local_python_has)
     else:
         report = check(Path(args.path), limits, python=args.python, container=args.container, deep=args.deep)
     for problem in report.problems:
@@ -55,10 +64,11 @@ def add_command(subparsers) -> None:
     target = c.add_mutually_exclusive_group()
     target.add_argument("--container", help="Triton container version the target runs (e.g. 24.10); its Python "
                                             "must match the packed envs' (default: manifest.json's python_version)")
-    target.add_argument("--python", help="the target stub's Python minor version, e.g. 3.10")
+    target.add_argument("--python", type=python_minor, help="the target stub's Python minor version, e.g. 3.10")
     target.add_argument("--local", action="store_true",
-                        help="for the local Triton (`tritonpack serve`): its stub runs this interpreter, whose "
-                             "packages the python models may import without a packed environment")
+                        help="for the local Triton: a folder as `tritonpack serve` runs it (its stub runs this "
+                             "interpreter, whose packages the python models may import without a packed "
+                             "environment), a tarball as the local MME loads it")
     c.add_argument("--max-members", type=int, help=f"archive entry limit (default {ArchiveLimits.max_members})")
     c.add_argument("--max-total-bytes", type=int,
                    help=f"archive unpacked size limit (default {ArchiveLimits.max_total_bytes})")

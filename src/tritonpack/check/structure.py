@@ -64,12 +64,13 @@ class StubTarget:
     container: str | None = None
 
 
-def stub_target(manifest: dict | None, python: str | None, container: str | None) -> StubTarget:
+def stub_target(manifest: dict | None, python: str | None, container: str | None, local: bool = False) -> StubTarget:
     built_for = (manifest or {}).get("build")
     release = container or (built_for.get("container") if isinstance(built_for, dict) else None)
     release = release if isinstance(release, str) and re.fullmatch(r"\d+\.\d+", release) else None
     if python:
-        return StubTarget(python, "--python", release)
+        return StubTarget(python, "--local: the local Triton's stub runs this interpreter" if local else "--python",
+                          release)
     if container:
         return StubTarget(container_python(container), f"Triton container {container}", container)
     if manifest and manifest.get("python_version"):
@@ -91,8 +92,11 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
         except (KeyError, ValueError) as e:
             problems.append(Problem("manifest.json", "file", f"not readable JSON: {e}"))
             manifest = None
-    target = stub_target(manifest, python, container)
+    target = stub_target(manifest, python, container, local=server_has is not None)
     local_only = bool(manifest and manifest.get("local_only"))
+    # the build packs one environment for every python model, or none when some model imports what none carries
+    withheld = bool(manifest and not local_only and "environment" in manifest and manifest["environment"] is None
+                    and str((manifest.get("build") or {}).get("env")) == "True")
 
     configs = {}
     for folder in top_dirs:
@@ -109,7 +113,7 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
         configs[folder] = cfg
         problems.extend(_config_problems(tree, folder, cfg))
         problems.extend(_model_problems(tree, folder, cfg, target, warnings, local_only,
-                                        server_has or (lambda module: False)))
+                                        server_has or (lambda module: False), withheld))
     report.models, report.configs, report.envs = sorted(configs), configs, tree.envs
     ensembles = sorted(name for name, cfg in configs.items() if cfg.platform == "ensemble")
     entry, entry_problems = _entry_point(label, top_dirs, top_files, configs, ensembles)
@@ -131,6 +135,8 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
                                                  f"that serves this target, slowing cold starts"))
     if manifest is not None:
         problems.extend(_manifest_problems(tree, manifest, report.ensemble))
+    report.problems = list(dict.fromkeys(problems))  # an environment several models use is judged once
+    report.warnings = list(dict.fromkeys(warnings))
     return report
 
 
@@ -195,7 +201,7 @@ def _config_problems(tree: Tree, folder: str, cfg) -> list[Problem]:
 
 
 def _model_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: list[Problem], local_only: bool,
-                    server_has: Callable[[str], bool]) -> list[Problem]:
+                    server_has: Callable[[str], bool], withheld: bool = False) -> list[Problem]:
     problems = []
     config_path = f"{folder}/config.pbtxt"
     subdirs, _ = tree.children(folder)
@@ -239,7 +245,7 @@ def _model_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: 
             else:
                 problems.append(missing)
     if cfg.backend == "python":
-        problems.extend(_env_problems(tree, folder, cfg, target, warnings, local_only, server_has))
+        problems.extend(_env_problems(tree, folder, cfg, target, warnings, local_only, server_has, withheld))
     return problems
 
 
@@ -291,7 +297,7 @@ def env_member(folder: str, value: str) -> str | None:
 
 
 def _env_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: list[Problem], local_only: bool,
-                  server_has: Callable[[str], bool]) -> list[Problem]:
+                  server_has: Callable[[str], bool], withheld: bool = False) -> list[Problem]:
     config_path = f"{folder}/config.pbtxt"
     where = f"parameters.{ENV_PARAMETER}"
     from tritonpack.env import required_modules
@@ -304,7 +310,10 @@ def _env_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: li
             return []
         from tritonpack.env import envs_covering
 
-        if local_only:
+        if withheld:
+            fix = ("the build packed no environment, as another of its models imports what none carries: deploy "
+                   "the cpu or gpu target")
+        elif local_only:
             fix = "this is the local-only repository: deploy its .tar.gz, which carries the environment"
         elif not envs_covering(needs)[1]:
             fix = "build the tarball with its environment (the default; drop --no-env)"

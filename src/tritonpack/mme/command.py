@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from tritonpack.aws import endpoint_url
 from tritonpack.containers import ADDITIONAL_ARGS, CONTAINER_ENVIRONMENT, parse_environment
 from tritonpack.errors import UserError
 from tritonpack.mme.request_guard import MAX_PAYLOAD_BYTES
@@ -86,7 +87,8 @@ def add_command(subparsers) -> None:
     p.add_argument("--cache-dir", help="where tarballs are extracted (default ~/.cache/tritonpack/mme)")
     p.add_argument("--cache-bytes", default="20G", help="disk cache bound; extracted folders of unloaded "
                                                         "models are removed beyond it (default 20G)")
-    p.add_argument("--s3-endpoint-url", help="S3 endpoint for s3:// models (an S3-compatible store, moto)")
+    p.add_argument("--s3-endpoint-url", type=endpoint_url,
+                   help="S3 endpoint for s3:// models (an S3-compatible store, moto)")
     p.add_argument("--max-payload-bytes", type=int, default=MAX_PAYLOAD_BYTES,
                    help=f"largest request body (default {MAX_PAYLOAD_BYTES}, SageMaker's limit)")
     p.add_argument("--drain-seconds", type=float, default=30.0,

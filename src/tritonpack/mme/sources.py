@@ -39,12 +39,13 @@ def validate_target(target: str | None) -> str:
         target.encode("utf-8")
     except UnicodeEncodeError:  # the HTTP server keeps undecodable header bytes as surrogates
         raise TargetError(400, f"target model {target!r} is not UTF-8 text") from None
-    path = PurePosixPath(target)
-    if len(target) > MAX_TARGET_LENGTH or path.is_absolute() or ".." in path.parts or target.endswith("/") \
-            or any(ord(c) < 32 for c in target):
+    # SageMaker's pattern for TargetModel is \A\S[\p{Print}]*\z; an S3 key is not normalised, so "./a.tar.gz" or
+    # "a//b.tar.gz" name no tarball there (here they would load a second copy of one)
+    if len(target) > MAX_TARGET_LENGTH or target[0].isspace() or not target.isprintable() \
+            or any(part in ("", ".", "..") for part in target.split("/")):
         raise TargetError(400, f"invalid target model {target!r}: expected a relative key such as "
-                               f"'model.tar.gz' (no '..', no leading '/', no control characters, at most "
-                               f"{MAX_TARGET_LENGTH} characters)")
+                               f"'model.tar.gz' (no '.', '..' or empty path parts, no leading space, only printable "
+                               f"characters, at most {MAX_TARGET_LENGTH} characters)")
     return target
 
 
@@ -57,6 +58,9 @@ class LocalSource:
 
     def __init__(self, root: Path):
         self.root = Path(root).resolve()
+        if self.root.is_file():
+            raise FileNotFoundError(f"--models {root}: a file; --models takes the folder holding the tarballs "
+                                    f"(--models {Path(root).parent}), each invoked by its name there")
         if not self.root.is_dir():
             raise FileNotFoundError(f"--models {root}: no such folder")
 
