@@ -77,9 +77,10 @@ def test_summed_pss_counts_a_shared_region_once_when_two_processes_map_it():
         try:
             assert [c.stdout.readline().strip() for c in children] == ["mapped", "mapped"]
             memories = [proc.memory(c.pid) for c in children]
-            assert all(m.shmem >= 64 * MB and m.rss >= 64 * MB and m.shared >= 64 * MB for m in memories)
+            assert all(m.shmem >= 64 * MB and m.rss >= 64 * MB and m.shared >= 64 * MB for m in memories), memories
             # RSS charges the 64 MB to both; PSS half to each
             assert sum(m.rss for m in memories) - sum(m.pss for m in memories) >= 60 * MB
+            assert proc.shm_resident_kb([region.name]) == 64 * MB
         finally:
             finish(*children)
     finally:

@@ -167,3 +167,12 @@ def memory_by_process(members: Iterable[int]) -> dict[str, Memory]:
         if (m := memory(pid)) is not None:
             found[f"{process_name(pid)}[{pid}]"] = m
     return found
+
+
+def shm_resident_kb(regions: Iterable[str]) -> int:
+    """Pages of these /dev/shm files that are resident (tmpfs allocates a page when it is first touched)."""
+    total = 0
+    for region in regions:
+        with suppress(OSError):
+            total += (SHM / region).stat().st_blocks * 512 // 1024
+    return total

@@ -70,11 +70,16 @@ class SoakReport:
     memory_after_warmup: dict[str, dict[str, int]] = field(default_factory=dict)
     memory_end: dict[str, dict[str, int]] = field(default_factory=dict)
     rss_kb_samples: list[int] = field(default_factory=list)  # after each tenth of the run, nothing in flight
-    # summed PSS: every page of the group counted once, a library or /dev/shm region mapped by several of its
-    # processes too (tritonpack.proc)
-    pss_kb_after_warmup: int = 0
+    # anonymous and file pages of each process (RssAnon + RssFile: a library mapped by several processes counts in
+    # each, a constant) plus the server's /dev/shm regions counted once (summed RSS counts each twice, and more as the
+    # pool fills). Not PSS: a page shared with a process outside the group (numpy's, by any other Python of the same
+    # environment) is charged partly to that process, so the group's PSS moves when others start or stop (+6.7 % over
+    # a bert soak whose RSS grew +2.3 %, while other Pythons came and went)
+    unique_kb_after_warmup: int = 0
+    unique_kb_end: int = 0
+    unique_kb_samples: list[int] = field(default_factory=list)  # after each tenth of the run, as rss_kb_samples
+    pss_kb_after_warmup: int = 0  # summed PSS (tritonpack.proc): reported, not bounded
     pss_kb_end: int = 0
-    pss_kb_samples: list[int] = field(default_factory=list)  # after each tenth of the run, as rss_kb_samples
     server_regions: list[str] = field(default_factory=list)
     regions_left: list[str] = field(default_factory=list)
     processes_left: list[int] = field(default_factory=list)
@@ -88,30 +93,34 @@ class SoakReport:
         return self.rss_kb_end / max(self.rss_kb_after_warmup, 1) - 1.0
 
     @property
+    def unique_growth(self) -> float:
+        return self.unique_kb_end / max(self.unique_kb_after_warmup, 1) - 1.0
+
+    @property
     def pss_growth(self) -> float:
         return self.pss_kb_end / max(self.pss_kb_after_warmup, 1) - 1.0
 
     @property
-    def pss_trend(self) -> float:
+    def unique_trend(self) -> float:
         """Memory of the run's last third over its first third (means of the samples): what a leak grows, while a
         heap that swings with the last batches' sizes (the TorchScript classifier's, ±40 MB) averages out."""
-        third = max(1, len(self.pss_kb_samples) // 3)
-        first, last = self.pss_kb_samples[:third], self.pss_kb_samples[-third:]
+        third = max(1, len(self.unique_kb_samples) // 3)
+        first, last = self.unique_kb_samples[:third], self.unique_kb_samples[-third:]
         return sum(last) / max(sum(first), 1) - 1.0 if first else 0.0
 
     def summary(self) -> str:
         return (f"{self.ensemble}: {self.requests} requests ({self.hostile} hostile) in {self.duration_s:.0f}s, "
                 f"{len(self.valid_failures)} valid failed, {len(self.hostile_unexpected)} hostile unexpected; "
                 f"RSS {self.rss_kb_after_warmup / 1024:.0f} → {self.rss_kb_end / 1024:.0f} MiB "
-                f"({self.rss_growth:+.1%}; PSS {self.pss_kb_after_warmup / 1024:.0f} → "
-                f"{self.pss_kb_end / 1024:.0f} MiB, {self.pss_growth:+.1%}; last third over first "
-                f"{self.pss_trend:+.1%}); "
+                f"({self.rss_growth:+.1%}; shared memory once {self.unique_growth:+.1%}, "
+                f"PSS {self.pss_growth:+.1%}; last third over first {self.unique_trend:+.1%}); "
                 f"/dev/shm regions {self.shm_regions_before} before, "
                 f"{self.shm_regions_after} after ({len(self.regions_left)} of ours left); "
                 f"{len(self.processes_left)} processes left")
 
     def to_json(self) -> str:
-        growth = {"rss_growth": self.rss_growth, "pss_growth": self.pss_growth, "pss_trend": self.pss_trend}
+        growth = {"rss_growth": self.rss_growth, "unique_growth": self.unique_growth, "pss_growth": self.pss_growth,
+                  "unique_trend": self.unique_trend}
         return json.dumps(asdict(self) | growth, indent=2)
 
 
@@ -141,6 +150,12 @@ def image_workload(ensemble: str, pool: int = 16, seed: int = 0) -> Workload:
 def memory(pids) -> dict[str, dict[str, int]]:
     """`name[pid]` → resident memory and its parts in kB (`tritonpack.proc.Memory`)."""
     return {name: asdict(m) for name, m in proc.memory_by_process(pids).items()}
+
+
+def unique_kb(memory_by_name: dict[str, dict[str, int]], regions) -> int:
+    """Anonymous and file pages of every process plus the shared-memory regions' resident pages counted once
+    (summed RSS counts a python stub's region twice: in the stub and in tritonserver)."""
+    return sum(m["anonymous"] + m["file"] for m in memory_by_name.values()) + proc.shm_resident_kb(regions)
 
 
 def total(memory_by_name: dict[str, dict[str, int]], figure: str) -> int:
@@ -241,6 +256,7 @@ def soak(repository: Path, workload: Workload, requests: int = 10_000, concurren
             report.memory_after_warmup = memory(server.process_group_pids())
             report.rss_kb_after_warmup = total(report.memory_after_warmup, "rss")
             report.pss_kb_after_warmup = total(report.memory_after_warmup, "pss")
+            report.unique_kb_after_warmup = unique_kb(report.memory_after_warmup, report.server_regions)
             plan = plan_requests(workload, requests, hostile_fraction, seed)
             start = time.monotonic()
             chunk = max(1, requests // 10)
@@ -252,7 +268,7 @@ def soak(repository: Path, workload: Workload, requests: int = 10_000, concurren
                         (report.valid_failures if kind == "valid" else report.hostile_unexpected).append(problem)
                 now = memory(server.process_group_pids())
                 report.rss_kb_samples.append(total(now, "rss"))
-                report.pss_kb_samples.append(total(now, "pss"))
+                report.unique_kb_samples.append(unique_kb(now, report.server_regions))
                 if progress:
                     progress(f"{report.requests}/{requests} requests, {time.monotonic() - start:.0f}s, "
                              f"RSS {report.rss_kb_samples[-1] / 1024:.0f} MiB")
@@ -260,6 +276,7 @@ def soak(repository: Path, workload: Workload, requests: int = 10_000, concurren
             report.memory_end = memory(server.process_group_pids())
             report.rss_kb_end = total(report.memory_end, "rss")
             report.pss_kb_end = total(report.memory_end, "pss")
+            report.unique_kb_end = unique_kb(report.memory_end, stub_regions(server.process_group_pids()))
         finally:
             runner.close()
     finally:
