@@ -169,9 +169,10 @@ CORPUS = {
                                                                       "token_type_ids; onnxruntime_onnx refuses"),
     "onnx_output_added": Broken(("bert", "cpu"), lambda r: add_output(r, ENC, "pooled", [384]),
                                 f"{ENC}/1/model.onnx", "output[pooled]", "unexpected inference output 'pooled'"),
-    "onnx_input_count": Broken(("bert", "cpu"), lambda r: (
+    "onnx_input_count": Broken(("bert", "cpu"), lambda r: (  # token_type_ids dropped, unmapped where it is made
         edit(r, ENC, lambda c: c.input.pop()),
-        edit(r, "bert", lambda c: c.ensemble_scheduling.step[1].input_map.pop("token_type_ids"))),
+        edit(r, "bert", lambda c: (c.ensemble_scheduling.step[1].input_map.pop("token_type_ids"),
+                                   c.ensemble_scheduling.step[0].output_map.pop("token_type_ids")))),
         f"{ENC}/1/model.onnx", "input", "configuration expects 2 inputs, model provides 3"),
     "onnx_input_dtype": Broken(("bert", "cpu"), lambda r: set_field(r, {
         (ENC, "input_ids"): {"data_type": "TYPE_INT32"}, ("bert_tokenizer", "input_ids"): {"data_type": "TYPE_INT32"}}),
