@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from benchmarks.report import row_value
+from benchmarks.report import not_measured, row_value
 from benchmarks.run import Bench, BenchSettings
 
 
@@ -52,8 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         met = "" if row["met"] is None else ("  (target met)" if row["met"] else "  (target NOT met)")
         print(f"{row['key']:40s} {row_value(row)}{met}")
     print(f"report: {settings.out / 'report.md'}")
-    failed = {key: value["reason"] for key, value in report.items()
-              if isinstance(value, dict) and value.get("available") is False}
+    failed = not_measured(report)
     for key, reason in failed.items():
         print(f"{key}: not measured — {reason}", file=sys.stderr)
     return 1 if failed else 0

@@ -191,8 +191,7 @@ def render_markdown(report: dict) -> str:
                        ("mme_no_env", "the bert tarball built --no-env (the server's Python has the packages)")):
         if report.get(key, {}).get("memory"):
             lines += [""] + _memory_table(report[key], title)
-    failed = {k: v["reason"] for k, v in report.items() if isinstance(v, dict) and v.get("available") is False}
-    lines += [f"\n{k}: not measured — {why}" for k, why in failed.items()]
+    lines += [f"\n{k}: not measured — {why}" for k, why in not_measured(report).items()]
     lines += ["", "## Versions", "", ", ".join(f"{k} {v}" for k, v in report["versions"].items()), "",
               "## Settings", "", "```json", json.dumps(report["settings"], indent=1), "```"]
     busy = report.get("other_processes_at_start", []) + report.get("other_processes_at_end", [])
@@ -206,7 +205,14 @@ def render_markdown(report: dict) -> str:
 def write(report: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     report["summary"] = summary_rows(report)
-    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")  # before plots can fail
-    report["plots"] = plots.write(report, out)
-    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    try:
+        report["plots"] = plots.write(report, out)
+    finally:  # a plotting failure does not lose the run's measurements
+        (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     (out / "report.md").write_text(render_markdown(report))
+
+
+def not_measured(report: dict) -> dict[str, str]:
+    """Experiment → why it failed (`Bench.attempt` records it and lets the others run)."""
+    return {key: value["reason"] for key, value in report.items()
+            if isinstance(value, dict) and value.get("available") is False}

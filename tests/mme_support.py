@@ -134,8 +134,8 @@ STUB_KILLER = "os._exit(1)"  # the python stub dies in the middle of a request
 SERVER_KILLER = "os.kill(os.getppid(), signal.SIGKILL)"  # the stub kills tritonserver, its parent
 
 
-def python_model_tarball(dest: Path, name: str, per_request: str = "pass", at_import: str = "") -> Path:
-    """An MME tarball: ensemble `name` (TEXT → EMBEDDING [4], each row filled with the first text's length) with one
+def python_model_repository(repository: Path, name: str, per_request: str = "pass", at_import: str = "") -> Path:
+    """A repository: ensemble `name` (TEXT → EMBEDDING [4], each row filled with the first text's length) with one
     python step `<name>_step` that runs `per_request` before answering each request and `at_import` when imported:
     the fault to inject. Configs are rendered from `tritonpack.spec`, so `tritonpack check` passes them."""
     from tritonpack.spec import EnsembleStep, InstanceGroup, ModelSpec, Tensor
@@ -144,15 +144,20 @@ def python_model_tarball(dest: Path, name: str, per_request: str = "pass", at_im
     step = ModelSpec(f"{name}_step", 8, (text,), (embedding,), backend="python", instance_group=(InstanceGroup(),))
     ensemble = ModelSpec(name, 8, (text,), (embedding,), platform="ensemble",
                          ensemble_steps=(EnsembleStep(step.name, {"TEXT": "TEXT"}, {"EMBEDDING": "EMBEDDING"}),))
-    repository = dest.parent / f".{dest.name}.repository"
     for spec in (ensemble, step):
         (repository / spec.name / "1").mkdir(parents=True, exist_ok=True)
         (repository / spec.name / "config.pbtxt").write_text(spec.render())
     source = FAULTY_MODEL.format(at_import=at_import, per_request=textwrap.indent(per_request, " " * 12).strip())
     (repository / step.name / "1" / "model.py").write_text(source)
+    return repository
+
+
+def python_model_tarball(dest: Path, name: str, per_request: str = "pass", at_import: str = "") -> Path:
+    """`python_model_repository` as an MME tarball."""
+    repository = python_model_repository(dest.parent / f".{dest.name}.repository", name, per_request, at_import)
     with tarfile.open(dest, "w:gz") as tar:
-        for spec in (ensemble, step):
-            tar.add(repository / spec.name, arcname=spec.name)
+        for model in sorted(repository.iterdir()):
+            tar.add(model, arcname=model.name)
     shutil.rmtree(repository)
     return dest
 

@@ -145,19 +145,21 @@ def manifest_digests_malformed(root):
     (root / "manifest.json").write_text(json.dumps(manifest))
 
 
+def append(root: Path, model: str, text: str) -> None:
+    with open(root / model / "config.pbtxt", "a") as config:
+        config.write(text + "\n")
+
+
 def runner_file_missing(root):
-    with open(root / "pre" / "config.pbtxt", "a") as config:
-        config.write('parameters { key: "reference" value { string_value: "reference.npz" } }\n')
+    append(root, "pre", 'parameters { key: "reference" value { string_value: "reference.npz" } }')
 
 
 def tokenizer_file_missing(root):
-    with open(root / "pre" / "config.pbtxt", "a") as config:
-        config.write('parameters { key: "tokenizer" value { string_value: "tokenizer.json" } }\n')
+    append(root, "pre", 'parameters { key: "tokenizer" value { string_value: "tokenizer.json" } }')
 
 
 def runner_file_outside(root):
-    with open(root / "pre" / "config.pbtxt", "a") as config:
-        config.write('parameters { key: "artifact" value { string_value: "../model.onnx" } }\n')
+    append(root, "pre", 'parameters { key: "artifact" value { string_value: "../model.onnx" } }')
 
 
 def unread_ensemble_input(root):
@@ -179,8 +181,7 @@ def pinned_version_missing(root):
 
 
 def preferred_above_max(root):
-    with open(root / "enc" / "config.pbtxt", "a") as config:
-        config.write("dynamic_batching { preferred_batch_size: 16 }\n")
+    append(root, "enc", "dynamic_batching { preferred_batch_size: 16 }")
 
 
 def output_without_dims(root):
@@ -192,8 +193,7 @@ def zero_dim(root):
 
 
 def ensemble_instance_group(root):
-    with open(root / "ens" / "config.pbtxt", "a") as config:
-        config.write("instance_group { kind: KIND_CPU count: 1 }\n")
+    append(root, "ens", "instance_group { kind: KIND_CPU count: 1 }")
 
 
 def labels_missing(root):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.mme_support import python_model_repository
 from tritonpack import proc
 from tritonpack.server import PYTHON_VERSION, ServerError, TritonServer, prepare_backend_directory
 
@@ -91,18 +92,6 @@ def test_serve_smoke_prints_a_real_embedding_when_run_from_the_cli(build_ensembl
     assert Path(result.stdout.split("log: ")[1].split()[0]).exists()
 
 
-def python_model_repository(root: Path, initialize: str = "pass") -> Path:
-    """One python model whose `initialize` runs `initialize` (e.g. a sleep that keeps the server loading)."""
-    (root / "m" / "1").mkdir(parents=True)
-    (root / "m" / "config.pbtxt").write_text('name: "m"\nbackend: "python"\nmax_batch_size: 0\n'
-                                             'input { name: "X" data_type: TYPE_FP32 dims: 1 }\n'
-                                             'output { name: "Y" data_type: TYPE_FP32 dims: 1 }\n')
-    (root / "m" / "1" / "model.py").write_text(f"import time\n\nclass TritonPythonModel:\n"
-                                               f"    def initialize(self, args):\n        {initialize}\n\n"
-                                               f"    def execute(self, requests):\n        return []\n")
-    return root
-
-
 def serving(repository: Path) -> list[int]:
     """Processes whose command line names `repository` (a tritonserver serving it)."""
     needle = f"--model-repository={repository.resolve()}".encode()
@@ -116,14 +105,14 @@ def serve_command(repository: Path) -> subprocess.Popen:
 
 def test_serve_stops_tritonserver_when_its_terminal_closes_while_models_load(tmp_path):
     """SIGHUP's default ended Python at once, and tritonserver, in a session of its own, served on."""
-    repository = python_model_repository(tmp_path / "repo", initialize="time.sleep(60)")
+    repository = python_model_repository(tmp_path / "repo", "m", at_import="time.sleep(60)")
     with serve_command(repository) as command:
         assert "starting tritonserver" in command.stdout.readline()
         deadline = time.monotonic() + 30
         while not serving(repository) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert serving(repository), "tritonserver did not start"
-        time.sleep(1)  # loading the model (its initialize sleeps)
+        time.sleep(1)  # loading the model (it sleeps when imported)
         command.send_signal(signal.SIGHUP)
         assert command.wait(timeout=60) == 130
         assert "interrupted before tritonserver was ready; stopped" in command.stderr.read()
@@ -131,7 +120,7 @@ def test_serve_stops_tritonserver_when_its_terminal_closes_while_models_load(tmp
 
 
 def test_serve_exits_with_an_error_naming_the_log_when_tritonserver_dies(tmp_path):
-    repository = python_model_repository(tmp_path / "repo")
+    repository = python_model_repository(tmp_path / "repo", "m")
     with serve_command(repository) as command:
         assert "starting tritonserver" in command.stdout.readline()
         assert command.stdout.readline().strip() == "ready"

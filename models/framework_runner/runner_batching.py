@@ -155,7 +155,7 @@ class FrameworkRunnerModel:
             raise ClientError(f"{MASK} must be [rows, tokens] of 1s then 0s (right padding), 1 to "
                               f"{self.max_pack_tokens} tokens long and shaped like every other input, for this "
                               f"encoder")
-        if self.max_pack_tokens and any((a < 0).any() for a in item.values()):
+        if self.max_pack_tokens and min(int(a.min()) for a in item.values()) < 0:
             raise ClientError("token inputs cannot be negative")
         return item
 

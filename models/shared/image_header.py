@@ -2,8 +2,7 @@
 
 PNG and JPEG, nearly all traffic, are read here with the standard library; the other formats DALI decodes (BMP,
 TIFF, WebP, PNM, JPEG 2000), and a PNG or JPEG this reading cannot follow, by nvImageCodec's parsers, the library
-DALI decodes them with. Copied beside each python
-model's `model.py` at build time.
+DALI decodes them with. Copied beside each python model's `model.py` at build time.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 from tritonpack.aws import endpoint_url
@@ -122,27 +124,19 @@ def cmd_serve(args) -> int:
                           metrics_port=args.metrics_port, keep_log=True)
     print(f"starting tritonserver on http://{server.url} (grpc {server.grpc_port}, metrics {server.metrics_port}); "
           f"log: {server.log_path}", flush=True)
-    previous = stop_signals(interrupt)  # a closed terminal or `kill` stops the server as Ctrl-C does, loading too
     try:
-        with server:
+        with stopped_by_signals(), server:
             print("ready", flush=True)
             if args.smoke:
                 demo_request(server.url, Path(args.repository))
                 return 0
-            try:
-                while server.process.poll() is None:
-                    time.sleep(0.5)
-            except KeyboardInterrupt:
-                pass
-            stop_signals(signal.SIG_IGN)  # stopping runs to its end: stubs reaped, /dev/shm regions removed
+            wait_for_stop(lambda: server.process.poll() is None)
             if server.process.returncode is not None:
                 raise ServerError(f"tritonserver exited with {server.process.returncode}; log: {server.log_path}")
             print("stopping", flush=True)
     except KeyboardInterrupt:  # while it was loading: start() stopped it
         print("interrupted before tritonserver was ready; stopped", file=sys.stderr)
         return 130
-    finally:
-        restore_signals(previous)
     return 0
 
 
@@ -160,25 +154,38 @@ def refuse_what_would_not_load(repository: Path) -> None:
                         f"--local` lists every problem")
 
 
-def interrupt(*_) -> None:
-    raise KeyboardInterrupt
-
-
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def stop_signals(handler) -> dict:
-    """`handler` for Ctrl-C, `kill` and a closed terminal (SIGHUP's default ends Python without any cleanup, and
-    tritonserver, in a session of its own, would run on); the handlers before, for `restore_signals`."""
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def stopped_by_signals():
+    """Ctrl-C, `kill` and a closed terminal raise KeyboardInterrupt inside, starting included (SIGHUP's default ends
+    Python without any cleanup, and tritonserver, in a session of its own, would run on); the handlers before come
+    back after."""
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     for signum in STOP_SIGNALS:
-        signal.signal(signum, handler)
-    return previous
+        signal.signal(signum, _interrupt)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
-def restore_signals(previous: dict) -> None:
-    for signum, handler in previous.items():
-        signal.signal(signum, handler)
+def wait_for_stop(running: Callable[[], bool]) -> None:
+    """Wait while `running()` until a stop signal, then ignore further ones: stopping runs to its end (calls
+    drained, stubs reaped, /dev/shm regions removed)."""
+    try:
+        while running():
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def cmd_infer(args) -> int:

@@ -117,7 +117,8 @@ def docker_command(repository: Path, target: str, container: str = DEFAULT_CONTA
     tarball extracted beside it, which carries the packed environment the container's Python lacks (the local
     repository's python models run in this interpreter's environment)."""
     repository = Path(repository).resolve()
-    tarball, served = (repository.with_name(f"{repository.name}{suffix}") for suffix in (".tar.gz", ".triton"))
+    tarball = repository.with_name(f"{repository.name}.tar.gz")
+    served = repository.with_name(f"{repository.name}.triton")
     gpus = "--gpus all " if target == "gpu" else ""
     return (f"mkdir -p {served} && tar -xzf {tarball} -C {served} && docker run --rm {gpus}-p8000:8000 "
             f"-v {served}:/models nvcr.io/nvidia/tritonserver:{container}-py3 tritonserver --model-repository=/models")

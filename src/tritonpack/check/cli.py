@@ -32,10 +32,10 @@ def cmd_check(args) -> int:
         from tritonpack.server import PYTHON_VERSION, local_python_has
 
         # a folder as `tritonpack serve` runs it; a tarball as the local MME checks it before loading
-        python = PYTHON_VERSION if Path(args.path).is_dir() else None
-        report = check(Path(args.path), limits, python=python, deep=args.deep, server_has=local_python_has)
+        python = PYTHON_VERSION if path.is_dir() else None
+        report = check(path, limits, python=python, deep=args.deep, server_has=local_python_has)
     else:
-        report = check(Path(args.path), limits, python=args.python, container=args.container, deep=args.deep)
+        report = check(path, limits, python=args.python, container=args.container, deep=args.deep)
     for problem in report.problems:
         print(printable(str(problem)))
     for warning in report.warnings:

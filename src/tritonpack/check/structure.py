@@ -93,10 +93,7 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
             problems.append(Problem("manifest.json", "file", f"not readable JSON: {e}"))
             manifest = None
     target = stub_target(manifest, python, container, local=server_has is not None)
-    local_only = bool(manifest and manifest.get("local_only"))
-    # the build packs one environment for every python model, or none when some model imports what none carries
-    withheld = bool(manifest and not local_only and "environment" in manifest and manifest["environment"] is None
-                    and str((manifest.get("build") or {}).get("env")) == "True")
+    no_env_fix = _no_environment_fix(manifest)
 
     configs = {}
     for folder in top_dirs:
@@ -112,8 +109,8 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
             problems.append(Problem(config_path, "name", f"{cfg.name!r} differs from its folder name {folder!r}"))
         configs[folder] = cfg
         problems.extend(_config_problems(tree, folder, cfg))
-        problems.extend(_model_problems(tree, folder, cfg, target, warnings, local_only,
-                                        server_has or (lambda module: False), withheld))
+        problems.extend(_model_problems(tree, folder, cfg, target, warnings, no_env_fix,
+                                        server_has or (lambda module: False)))
     report.models, report.configs, report.envs = sorted(configs), configs, tree.envs
     ensembles = sorted(name for name, cfg in configs.items() if cfg.platform == "ensemble")
     entry, entry_problems = _entry_point(label, top_dirs, top_files, configs, ensembles)
@@ -138,6 +135,21 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
     report.problems = list(dict.fromkeys(problems))  # an environment several models use is judged once
     report.warnings = list(dict.fromkeys(warnings))
     return report
+
+
+def _no_environment_fix(manifest: dict | None) -> str | None:
+    """What to do, by the manifest, where a python model has no environment: the local-only repository's tarball
+    carries it; a build that packed none (one environment serves every python model, and some model imports what
+    none carries) deploys as cpu or gpu."""
+    if not manifest:
+        return None
+    if manifest.get("local_only"):
+        return "this is the local-only repository: deploy its .tar.gz, which carries the environment"
+    if "environment" in manifest and manifest["environment"] is None \
+            and str((manifest.get("build") or {}).get("env")) == "True":
+        return "the build packed no environment, as another of its models imports what none carries: deploy the " \
+               "cpu or gpu target"
+    return None
 
 
 def _entry_point(label: str, top_dirs: list[str], top_files: list[str], configs: dict,
@@ -200,8 +212,8 @@ def _config_problems(tree: Tree, folder: str, cfg) -> list[Problem]:
     return problems
 
 
-def _model_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: list[Problem], local_only: bool,
-                    server_has: Callable[[str], bool], withheld: bool = False) -> list[Problem]:
+def _model_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: list[Problem],
+                    no_env_fix: str | None, server_has: Callable[[str], bool]) -> list[Problem]:
     problems = []
     config_path = f"{folder}/config.pbtxt"
     subdirs, _ = tree.children(folder)
@@ -245,7 +257,7 @@ def _model_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: 
             else:
                 problems.append(missing)
     if cfg.backend == "python":
-        problems.extend(_env_problems(tree, folder, cfg, target, warnings, local_only, server_has, withheld))
+        problems.extend(_env_problems(tree, folder, cfg, target, warnings, no_env_fix, server_has))
     return problems
 
 
@@ -296,8 +308,8 @@ def env_member(folder: str, value: str) -> str | None:
     return resolved
 
 
-def _env_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: list[Problem], local_only: bool,
-                  server_has: Callable[[str], bool], withheld: bool = False) -> list[Problem]:
+def _env_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: list[Problem],
+                  no_env_fix: str | None, server_has: Callable[[str], bool]) -> list[Problem]:
     config_path = f"{folder}/config.pbtxt"
     where = f"parameters.{ENV_PARAMETER}"
     from tritonpack.env import required_modules
@@ -310,11 +322,8 @@ def _env_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: li
             return []
         from tritonpack.env import envs_covering
 
-        if withheld:
-            fix = ("the build packed no environment, as another of its models imports what none carries: deploy "
-                   "the cpu or gpu target")
-        elif local_only:
-            fix = "this is the local-only repository: deploy its .tar.gz, which carries the environment"
+        if no_env_fix:
+            fix = no_env_fix
         elif not envs_covering(needs)[1]:
             fix = "build the tarball with its environment (the default; drop --no-env)"
         else:

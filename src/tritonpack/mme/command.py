@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
-import signal
 import sys
-import time
 from pathlib import Path
 
 from tritonpack.aws import endpoint_url
@@ -28,7 +26,7 @@ def parse_bytes(text: str) -> int:
 
 
 def cmd_mme(args) -> int:
-    from tritonpack.cli import interrupt, restore_signals, stop_signals
+    from tritonpack.cli import stopped_by_signals, wait_for_stop
     from tritonpack.mme.local import LocalMME
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
@@ -47,29 +45,22 @@ def cmd_mme(args) -> int:
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from None
     print(f"starting tritonserver (SageMaker front-end, MME mode); log: {mme.triton.log_path}", flush=True)
-    previous = stop_signals(interrupt)  # a closed terminal or `kill` stops it as Ctrl-C does, starting too
     try:
-        try:
-            mme.start()
-        except OSError as e:
-            raise UserError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
-        with mme:
-            print(f"local MME on {mme.url}: models from {mme.source}, at most {args.max_models} loaded, "
-                  f"disk cache {mme.cache.root} ({args.cache_bytes})\n"
-                  f"  invoke: aws sagemaker-runtime invoke-endpoint --endpoint-url {mme.url} --endpoint-name local "
-                  f"--target-model <tarball> ...\n  metrics: {mme.url}/metrics", flush=True)
+        with stopped_by_signals():
             try:
-                while True:
-                    time.sleep(0.5)
-            except KeyboardInterrupt:
-                pass
-            stop_signals(signal.SIG_IGN)  # draining and stopping run to their end: nothing is left behind
-            print(f"stopping: draining calls in flight (up to {args.drain_seconds:g} s)", flush=True)
+                mme.start()
+            except OSError as e:
+                raise UserError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+            with mme:
+                print(f"local MME on {mme.url}: models from {mme.source}, at most {args.max_models} loaded, "
+                      f"disk cache {mme.cache.root} ({args.cache_bytes})\n"
+                      f"  invoke: aws sagemaker-runtime invoke-endpoint --endpoint-url {mme.url} --endpoint-name "
+                      f"local --target-model <tarball> ...\n  metrics: {mme.url}/metrics", flush=True)
+                wait_for_stop(lambda: True)
+                print(f"stopping: draining calls in flight (up to {args.drain_seconds:g} s)", flush=True)
     except KeyboardInterrupt:  # while it was starting: start() stopped what it had started
         print("interrupted before the local MME was ready; stopped", file=sys.stderr)
         return 130
-    finally:
-        restore_signals(previous)
     return 0
 
 
