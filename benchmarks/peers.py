@@ -32,6 +32,7 @@ import numpy as np
 
 from benchmarks.meters import CPU
 from benchmarks.sides import WORKER
+from tritonpack.children import start_child
 from tritonpack.server import free_port
 
 TORCH = "torch==2.13.0"
@@ -155,8 +156,8 @@ class InfinityServer:
     def start(self, timeout_s: float = 300) -> InfinityServer:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
-            self.process = subprocess.Popen(self.command, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT,
-                                            env=self.env, start_new_session=True)
+            self.process = start_child(self.command, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                                       start_new_session=True)
         CPU.watch(self.process.pid)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

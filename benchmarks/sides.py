@@ -22,6 +22,7 @@ from typing import Protocol
 import numpy as np
 
 from benchmarks.meters import CPU, Run, versions
+from tritonpack.children import start_child
 
 
 class Side(Protocol):
@@ -185,7 +186,7 @@ class PeerWorker:
         self.backend, self.environment, self.log = backend, environment, log
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as stderr:  # the libraries' progress bars and warnings
-            self.process = subprocess.Popen(
+            self.process = start_child(
                 [str(python), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
                 start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
         CPU.watch(self.process.pid)

@@ -296,6 +296,10 @@ def _token_request(ids, mask=None):
     (_token_request(np.zeros((0, 4))), "every input needs at least one row"),  # was a KeyError failing the batch
     (_token_request(np.full((1, 300), 1037)), "1 to 256 tokens long"),  # each new length compiled new state
     (_token_request([[101, -5, 102]]), "token inputs cannot be negative"),
+    # OpenVINO's Gather answered an id past the vocabulary with a row of zeros: a wrong embedding, no error
+    (_token_request([[101, 30522, 102]]), "input_ids indexes a table of 30522 rows (ids 0 to 30521), got 30522"),
+    (InferenceRequest([Tensor("input_ids", np.array([[101, 102]])), Tensor("attention_mask", np.ones((1, 2), int)),
+                       Tensor("token_type_ids", np.array([[0, 2]]))]), "token_type_ids indexes a table of 2 rows"),
 ])
 def test_packed_encoder_fails_only_the_request_it_cannot_read_and_answers_its_neighbours(token_encoder, python_model,
                                                                                        bad, reason):

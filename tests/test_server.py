@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,24 @@ def test_serve_exits_with_an_error_naming_the_log_when_tritonserver_dies(tmp_pat
         assert command.wait(timeout=60) == 1  # was 0: "stopping", as if asked to
         assert re.search(r"error: tritonserver exited with -9; log: \S+tritonserver.log", command.stderr.read())
     assert serving(repository) == []
+
+
+def test_serve_killed_with_sigkill_leaves_no_tritonserver_behind(tmp_path):
+    """tritonserver runs in a session of its own: killed, serve left it serving on (its ports, memory, stubs)."""
+    repository = python_model_repository(tmp_path / "repo", "m")
+    with serve_command(repository) as command:
+        assert "starting tritonserver" in command.stdout.readline()
+        assert command.stdout.readline().strip() == "ready"
+        (server,) = [pid for pid in serving(repository) if proc.process_name(pid) == "tritonserver"]
+        group = proc.group_members(server)
+        command.kill()
+    deadline = time.monotonic() + 60
+    while serving(repository) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = serving(repository)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    for pid in group:  # re-parented to this process where a test before made it a subreaper
+        with suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    assert left == []

@@ -157,6 +157,9 @@ class FrameworkRunnerModel:
                               f"encoder")
         if self.max_pack_tokens and min(int(a.min()) for a in item.values()) < 0:
             raise ClientError("token inputs cannot be negative")
+        for name, rows in getattr(self.session, "index_rows", {}).items():
+            if name in item and (largest := int(item[name].max())) >= rows:
+                raise ClientError(f"{name} indexes a table of {rows} rows (ids 0 to {rows - 1}), got {largest}")
         return item
 
     def _run(self, items):

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonpack import proc
+from tritonpack.children import start_child
 from tritonpack.errors import ServerError
 
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"  # of the local python stub (this interpreter)
@@ -160,9 +161,8 @@ class TritonServer:
         env.update(self.env)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
+            self.process = start_child(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True)
         if wait_ready:
             self.wait_ready()
         return self
