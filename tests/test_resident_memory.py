@@ -130,3 +130,60 @@ def test_a_process_runs_on_unchanged_after_its_library_pages_are_dropped():
                                       text=True, check=True).stdout)
     assert probe["same"], probe
     assert probe["dropped_mb"] > 1, probe
+
+
+FRAGMENTED_HEAP = """
+import ctypes, json, sys, time
+sys.path.insert(0, sys.argv[1])
+import resident_memory
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+blocks = [libc.malloc(32 * 1024) for _ in range(4000)]  # 125 MiB of heap (below glibc's mmap threshold)
+for block in blocks:
+    ctypes.memset(block, 1, 32 * 1024)
+for block in blocks[:-1]:  # the last block keeps the heap's top: free() alone gives nothing back
+    libc.free(block)
+heap = resident_memory.HeapReturnedWhenIdle(idle_s=0.5)
+readings = {"freed": resident_memory._rollup_kb("Anonymous")}
+with heap:  # a call ends
+    pass
+with heap:  # the next runs longer than idle_s: nothing is returned while it runs
+    time.sleep(1.0)
+    readings["during_a_long_call"] = resident_memory._rollup_kb("Anonymous")
+time.sleep(0.2)
+readings["within_idle_s"] = resident_memory._rollup_kb("Anonymous")
+time.sleep(1.5)
+readings["idle"] = resident_memory._rollup_kb("Anonymous")
+heap.close()
+print(json.dumps(readings))
+"""
+
+
+def test_heap_a_model_freed_goes_back_once_it_has_been_idle_and_not_while_a_call_runs():
+    kb = json.loads(subprocess.run([sys.executable, "-c", FRAGMENTED_HEAP, str(SHARED_DIR)], capture_output=True,
+                                   text=True, check=True).stdout)
+    assert kb["freed"] - kb["during_a_long_call"] < 10_000 and kb["freed"] - kb["within_idle_s"] < 10_000, kb
+    assert kb["freed"] - kb["idle"] > 100_000, kb  # of the 125 MiB freed
+
+
+def test_heap_is_returned_once_per_quiet_spell_not_between_calls_that_keep_coming(monkeypatch):
+    import time
+
+    returned = []
+    monkeypatch.setattr(resident_memory, "return_freed_heap", lambda: returned.append(time.monotonic()))
+    heap = resident_memory.HeapReturnedWhenIdle(idle_s=0.4)
+    try:
+        for _ in range(15):  # 1.5 s of calls 0.1 s apart
+            with heap:
+                pass
+            last_ended = time.monotonic()
+            time.sleep(0.1)
+        assert returned == []
+        time.sleep(1.5)
+        assert len(returned) == 1 and returned[0] - last_ended >= 0.39, (returned, last_ended)
+        time.sleep(1.0)
+        assert len(returned) == 1, "returned again with no call in between"
+    finally:
+        heap.close()

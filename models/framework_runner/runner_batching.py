@@ -23,7 +23,7 @@ import numpy as np
 from batched_requests import ClientError, pad_and_concat, read_input, respond_all, split_rows
 from packing import PACKED_FEATURES, pack_groups, packed_inputs, unpacked
 from pooling import mean_pool
-from resident_memory import drop_load_only_file_pages, return_freed_heap
+from resident_memory import HeapReturnedWhenIdle, drop_load_only_file_pages, return_freed_heap
 
 MASK = "attention_mask"  # when an input has this name, rows are grouped by its real length
 MAX_PADDING_WASTE = 0.25  # a group of ragged requests may hold at most this fraction of padding tokens
@@ -59,6 +59,7 @@ class FrameworkRunnerModel:
     max_pack_rows = 0  # 0: no limit on sentences per pack
 
     def initialize(self, args):
+        self.idle_heap = HeapReturnedWhenIdle()
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         folder = os.path.join(args["model_repository"], args["model_version"])
@@ -135,6 +136,7 @@ class FrameworkRunnerModel:
         if self.warming is not None:
             self._stop_warming.set()
             self.warming.join()
+        self.idle_heap.close()
 
     def execute(self, requests):
         if self.text is not None:
@@ -163,6 +165,10 @@ class FrameworkRunnerModel:
         return item
 
     def _run(self, items):
+        with self.idle_heap:
+            return self._compute(items)
+
+    def _compute(self, items):
         if self.max_pack_tokens:
             return self._run_packed(items)
         if not self.ragged or items[0][self.input_names[0]].ndim < 2:
