@@ -21,7 +21,10 @@ import ctypes, os, signal, sys
 ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 if os.getppid() != int(sys.argv[1]):  # the parent died before the signal was set
     sys.exit(1)
-os.execvp(sys.argv[2], sys.argv[2:])
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as e:
+    sys.exit(f"cannot start {sys.argv[2]}: {e.strerror}")
 """
 
 _forker = ThreadPoolExecutor(1, thread_name_prefix="child-forker")
