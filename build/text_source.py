@@ -75,6 +75,14 @@ class SentenceTransformerSource:
     def input_names(self) -> list[str]:
         return [t.name for t in self.encoder_inputs()]
 
+    def index_rows(self) -> dict[str, int]:
+        """Encoder input → rows of the embedding table it indexes (config.json's vocabulary sizes)."""
+        config = _json(self.path / "config.json")
+        rows = {"input_ids": int(config["vocab_size"])}
+        if self.takes_token_type_ids:
+            rows["token_type_ids"] = int(config["type_vocab_size"])
+        return rows
+
     def encoder_inputs(self) -> tuple[Tensor, ...]:
         names = ["input_ids", "attention_mask"] + (["token_type_ids"] if self.takes_token_type_ids else [])
         return tuple(Tensor(n, "TYPE_INT64", (-1,)) for n in names)

@@ -285,11 +285,12 @@ def test_packed_encoder_fails_only_the_request_without_tokens_and_its_neighbours
         np.testing.assert_allclose(response.output_tensors()[0].as_numpy(), expected, atol=EMBEDDING_ATOL)
 
 
-def _token_request(ids, mask=None):
+def _token_request(ids, mask=None, token_types=None):
     ids = np.asarray(ids, dtype=np.int64)
     return InferenceRequest([Tensor("input_ids", ids),
                              Tensor("attention_mask", np.ones_like(ids) if mask is None else np.asarray(mask)),
-                             Tensor("token_type_ids", np.zeros_like(ids))])
+                             Tensor("token_type_ids", np.zeros_like(ids) if token_types is None
+                                    else np.asarray(token_types, dtype=np.int64))])
 
 
 @pytest.mark.parametrize(("bad", "reason"), [
@@ -297,9 +298,8 @@ def _token_request(ids, mask=None):
     (_token_request(np.full((1, 300), 1037)), "1 to 256 tokens long"),  # each new length compiled new state
     (_token_request([[101, -5, 102]]), "token inputs cannot be negative"),
     # OpenVINO's Gather answered an id past the vocabulary with a row of zeros: a wrong embedding, no error
-    (_token_request([[101, 30522, 102]]), "input_ids indexes a table of 30522 rows (ids 0 to 30521), got 30522"),
-    (InferenceRequest([Tensor("input_ids", np.array([[101, 102]])), Tensor("attention_mask", np.ones((1, 2), int)),
-                       Tensor("token_type_ids", np.array([[0, 2]]))]), "token_type_ids indexes a table of 2 rows"),
+    (_token_request([[101, 30522, 102]]), "input_ids indexes a table of 30522 rows: ids 0 to 30521, got 101 to 30522"),
+    (_token_request([[101, 102]], token_types=[[0, 2]]), "token_type_ids indexes a table of 2 rows: ids 0 to 1, got"),
 ])
 def test_packed_encoder_fails_only_the_request_it_cannot_read_and_answers_its_neighbours(token_encoder, python_model,
                                                                                        bad, reason):
@@ -311,6 +311,23 @@ def test_packed_encoder_fails_only_the_request_it_cannot_read_and_answers_its_ne
     assert responses[1].error().code() == TritonError.INVALID_ARG and reason in responses[1].error().message()
     for response, expected in zip((responses[0], responses[2]), alone, strict=True):
         np.testing.assert_allclose(response.output_tensors()[0].as_numpy(), expected, atol=EMBEDDING_ATOL)
+
+
+@pytest.mark.parametrize(("bad", "reason"), [
+    (_token_request([[101, 30522, 102]]), "input_ids indexes a table of 30522 rows: ids 0 to 30521, got 101 to 30522"),
+    (_token_request([[101, -1, 102]]), "input_ids indexes a table of 30522 rows: ids 0 to 30521, got -1 to 102"),
+    (_token_request([[101, 102]], token_types=[[0, 2]]), "token_type_ids indexes a table of 2 rows: ids 0 to 1, got"),
+])
+def test_torchscript_encoder_refuses_ids_outside_its_tables_and_answers_its_neighbours(model_folders, python_model,
+                                                                                      bad, reason):
+    """torch's embedding raised on such an id: the request got INTERNAL ("internal error (RuntimeError)")."""
+    encoder = python_model(model_folders("bert_pt", "portable")["bert_pt_encoder"])
+    good = _token_request([[101, 7592, 2088, 102]])
+    alone = encoder.execute([good])[0].output_tensors()[0].as_numpy()
+    responses = encoder.execute([good, bad, good])
+    assert [r.has_error() for r in responses] == [False, True, False]
+    assert responses[1].error().code() == TritonError.INVALID_ARG and reason in responses[1].error().message()
+    np.testing.assert_allclose(responses[2].output_tensors()[0].as_numpy(), alone, atol=1e-5)
 
 
 def test_pooling_model_refuses_a_mask_that_does_not_fit_its_embeddings_alone_or_batched(model_folders, python_model):

@@ -229,31 +229,6 @@ def _upstream(nodes, stop: str | None = None) -> set[str]:
     return seen
 
 
-def index_rows(model) -> dict[str, int]:
-    """Input name → rows of the table it indexes, for each input read as a Gather's indices (through Converts): an
-    id past the table is refused, as OpenVINO's Gather would answer it with a row of zeros."""
-    found = {}
-    for parameter in model.get_parameters():
-        rows, todo = [], [parameter]
-        while todo:
-            node = todo.pop()
-            for target in (t for output in node.outputs() for t in output.get_target_inputs()):
-                reader, table = target.get_node(), target.get_node().get_input_partial_shape(0)
-                if reader.get_type_name() == "Convert":
-                    todo.append(reader)
-                elif reader.get_type_name() == "Gather" and target.get_index() == 1 and _gather_axis(reader) == 0 \
-                        and table.rank.is_static and table[0].is_static:
-                    rows.append(table[0].get_length())
-        if rows:
-            found[parameter.get_output_tensor(0).get_any_name()] = min(rows)
-    return found
-
-
-def _gather_axis(gather) -> int | None:
-    axis = gather.input_value(2).get_node()
-    return int(axis.get_data().reshape(-1)[0]) if axis.get_type_name() == "Constant" else None
-
-
 def _node(model, name: str):
     return next(op for op in model.get_ops() if op.get_friendly_name() == name)
 
@@ -296,7 +271,6 @@ class OpenVinoSession:
         else:  # mixed or bf16-long without native bf16, or without a cut, is f32 throughout
             hint = "f32" if precision in (MIXED, BF16_LONG) else OPENVINO_PRECISION[precision]
             stages = [(read_model(core, path, hint, self._weights), hint)]
-        self.index_rows = index_rows(stages[0][0])
         self._matrix_weights = [span for model, _ in stages[:2] for span in self._weights.matrix_weights(model)] \
             if self._weights else []
         compiled = [core.compile_model(model, "CPU", {**config, "INFERENCE_PRECISION_HINT": hint})

@@ -9,7 +9,9 @@ packing.py) rows are not padded at all: up to that many real tokens (and `max_pa
 sequence, and a session that runs several calls at once (`parallel` > 1, `map`: OpenVINO's infer requests on one
 compiled model) gets each batch as that many packs together. With a `reference` file (the build's texts and their
 PyTorch embeddings) the runner checks itself at load on the CPU it runs on (`_check_reference`). With a `tokenizer`
-the runner reads TEXT and batches requests itself (text_requests.py).
+the runner reads TEXT and batches requests itself (text_requests.py). `index_rows` (`input_ids:30522,…`) names the
+inputs that index a table and its rows: a request with an id outside them is refused (OpenVINO's Gather answered
+such an id with a row of zeros, torch's embedding raised).
 """
 
 from __future__ import annotations
@@ -78,6 +80,10 @@ class FrameworkRunnerModel:
         self.trimmed_outputs = {o["name"] for o in config["output"] if self.ragged and int(o["dims"][0]) == -1}
         self.max_pack_tokens = int(params.get("max_pack_tokens", "0"))
         self.max_pack_rows = int(params.get("max_pack_rows", "0"))
+        self.index_rows = {name: int(rows) for name, rows in
+                           (entry.split(":") for entry in params.get("index_rows", "").split(",") if entry)}
+        if unknown := set(self.index_rows) - set(self.input_names):
+            raise ValueError(f"parameter index_rows names {sorted(unknown)}, not inputs of this model")
         path = os.path.join(folder, params["artifact"])
         self.session = self.open_session(path, params)
         checked = bool(params.get("reference"))
@@ -159,9 +165,10 @@ class FrameworkRunnerModel:
                               f"encoder")
         if self.max_pack_tokens and min(int(a.min()) for a in item.values()) < 0:
             raise ClientError("token inputs cannot be negative")
-        for name, rows in getattr(self.session, "index_rows", {}).items():
-            if name in item and (largest := int(item[name].max())) >= rows:
-                raise ClientError(f"{name} indexes a table of {rows} rows (ids 0 to {rows - 1}), got {largest}")
+        for name, rows in self.index_rows.items():
+            if item[name].size and not 0 <= int(item[name].min()) <= int(item[name].max()) < rows:
+                raise ClientError(f"{name} indexes a table of {rows} rows: ids 0 to {rows - 1}, got "
+                                  f"{int(item[name].min())} to {int(item[name].max())}")
         return item
 
     def _run(self, items):

@@ -196,6 +196,7 @@ class StepSettings:
     max_pack_tokens: int = 0
     max_pack_rows: int = 0  # 0: no limit; a pooled export with sentence slots takes at most that many
     labels: Path | None = None
+    index_rows: tuple[tuple[str, int], ...] = ()  # (input, rows of the table it indexes): ids past it are refused
 
 
 def framework_model(name: str, artifact: Artifact, target: str, inputs: tuple[Tensor, ...],
@@ -224,6 +225,8 @@ def framework_model(name: str, artifact: Artifact, target: str, inputs: tuple[Te
             params["max_pack_tokens"] = str(settings.max_pack_tokens)
             if settings.max_pack_rows:
                 params["max_pack_rows"] = str(settings.max_pack_rows)
+        if settings.index_rows:
+            params["index_rows"] = ",".join(f"{name}:{rows}" for name, rows in settings.index_rows)
         if artifact.reference is not None:
             params["reference"] = REFERENCE_FILENAME
             extra = {**extra, f"{VERSION}/{REFERENCE_FILENAME}": artifact.reference}

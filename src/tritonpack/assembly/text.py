@@ -46,7 +46,8 @@ def assemble(recipe: TextRecipe, request, cache: ArtifactCache) -> list[ModelFol
     encoder = framework_model(
         f"{recipe.name}_encoder", artifact, request.target, source.encoder_inputs(), outputs,
         StepSettings(serving.max_batch_size, serving.batching(), serving.encoder_instances, serving.encoder_threads,
-                     serving.encoder_pack_tokens, serving.encoder_pack_rows),
+                     serving.encoder_pack_tokens, serving.encoder_pack_rows,
+                     index_rows=tuple(source.index_rows().items())),
     )
     if serving.encoder_tokenizes:  # portable only: it needs the packed export, which only the portable runner feeds
         encoder = reading_text(encoder, contracts.text_input(), source.path / TOKENIZER_FILENAME,
