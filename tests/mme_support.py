@@ -13,9 +13,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import tarfile
 import textwrap
 import urllib.request
+from contextlib import suppress
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +32,17 @@ from tritonpack.repository import STEP_DIGEST_HEX
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
            "AWS_DEFAULT_REGION": "us-east-1"}
 TINY_HIDDEN = 8
+
+
+def kill_and_reap(left: list[int], exited: list[int]) -> None:
+    """SIGKILL the processes a test expected gone (`left`), then collect `exited`: a test before may have made this
+    process a subreaper (TritonServer does), which orphans of a killed process are then re-parented to."""
+    for pid in left:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in exited:
+        with suppress(ChildProcessError):
+            os.waitpid(pid, 0)
 
 
 def plain_step(name: str) -> str:

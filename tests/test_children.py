@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
-from contextlib import suppress
 from pathlib import Path
 
+import pytest
+
+from tests.mme_support import kill_and_reap
 from tritonpack import proc
+from tritonpack.children import start_child
 
 PARENT = """
 import sys, threading, time
@@ -19,9 +21,9 @@ from tritonpack.children import start_child
 started = []
 
 
-def start_and_end():  # the parent-death signal follows the thread that forked: it must not be this one
+def start_and_end():  # were this the thread that forked, the parent-death signal would come when it ends
     started.append(start_child(["sleep", "300"], start_new_session=True))
-    time.sleep(0.5)  # the child has set its signal by now
+    time.sleep(0.5)  # ends after the child has set its signal
 
 
 thread = threading.Thread(target=start_and_end)
@@ -52,8 +54,14 @@ def test_child_outlives_the_thread_that_started_it_and_gets_sigterm_when_its_par
     while running(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     alive = running(child)
-    with suppress(ProcessLookupError):
-        os.kill(child, signal.SIGKILL)
-    with suppress(ChildProcessError):  # re-parented to this process when a test before made it a subreaper
-        os.waitpid(child, 0)
+    kill_and_reap([child] if alive else [], [child])
     assert not alive, "the child outlived its killed parent"
+
+
+def test_a_program_that_cannot_start_raises_as_popen_does_and_one_that_starts_gets_default_signals():
+    with pytest.raises(FileNotFoundError, match="/nonexistent/program"):
+        start_child(["/nonexistent/program"])
+    with pytest.raises(PermissionError):
+        start_child([__file__])  # not executable
+    status = start_child(["cat", "/proc/self/status"], stdout=subprocess.PIPE, text=True).communicate()[0]
+    assert "SigIgn:\t0000000000000000" in status  # Python ignores SIGPIPE and SIGXFSZ; exec kept that before

@@ -145,16 +145,16 @@ for block in blocks:
     ctypes.memset(block, 1, 32 * 1024)
 for block in blocks[:-1]:  # the last block keeps the heap's top: free() alone gives nothing back
     libc.free(block)
-heap = resident_memory.HeapReturnedWhenIdle(idle_s=0.5)
+heap = resident_memory.HeapReturnedWhenIdle(idle_s=1.5)
 readings = {"freed": resident_memory._rollup_kb("Anonymous")}
 with heap:  # a call ends
     pass
-with heap:  # the next runs longer than idle_s: nothing is returned while it runs
-    time.sleep(1.0)
+with heap:  # the next runs longer than idle_s: no return starts while it runs
+    time.sleep(2.0)
     readings["during_a_long_call"] = resident_memory._rollup_kb("Anonymous")
-time.sleep(0.2)
+time.sleep(0.3)
 readings["within_idle_s"] = resident_memory._rollup_kb("Anonymous")
-time.sleep(1.5)
+time.sleep(3.0)
 readings["idle"] = resident_memory._rollup_kb("Anonymous")
 heap.close()
 print(json.dumps(readings))
@@ -173,17 +173,17 @@ def test_heap_is_returned_once_per_quiet_spell_not_between_calls_that_keep_comin
 
     returned = []
     monkeypatch.setattr(resident_memory, "return_freed_heap", lambda: returned.append(time.monotonic()))
-    heap = resident_memory.HeapReturnedWhenIdle(idle_s=0.4)
+    heap = resident_memory.HeapReturnedWhenIdle(idle_s=1.5)
     try:
-        for _ in range(15):  # 1.5 s of calls 0.1 s apart
+        for _ in range(30):  # 3 s of calls 0.1 s apart
+            last_ended = time.monotonic()
             with heap:
                 pass
-            last_ended = time.monotonic()
             time.sleep(0.1)
         assert returned == []
-        time.sleep(1.5)
-        assert len(returned) == 1 and returned[0] - last_ended >= 0.39, (returned, last_ended)
-        time.sleep(1.0)
+        time.sleep(3.0)
+        assert len(returned) == 1 and returned[0] - last_ended >= 1.5, (returned, last_ended)
+        time.sleep(2.0)
         assert len(returned) == 1, "returned again with no call in between"
     finally:
         heap.close()

@@ -9,12 +9,11 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import suppress
 from pathlib import Path
 
 import pytest
 
-from tests.mme_support import python_model_repository
+from tests.mme_support import kill_and_reap, python_model_repository
 from tritonpack import proc
 from tritonpack.server import PYTHON_VERSION, ServerError, TritonServer, prepare_backend_directory
 
@@ -145,9 +144,5 @@ def test_serve_killed_with_sigkill_leaves_no_tritonserver_behind(tmp_path):
     while serving(repository) and time.monotonic() < deadline:
         time.sleep(0.2)
     left = serving(repository)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    for pid in group:  # re-parented to this process where a test before made it a subreaper
-        with suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+    kill_and_reap(left, group)
     assert left == []

@@ -32,7 +32,8 @@ def return_freed_heap() -> int:
 
 class HeapReturnedWhenIdle:
     """`return_freed_heap` once no call has run for `idle_s`, once per quiet spell; each call runs inside
-    `with heap:`. Calls of varied batch sizes fragment glibc's heap, which then holds the high-water mark of every
+    `with heap:`. A return never starts while a call runs; a call that begins during one (~20 ms) shares the CPU
+    with it. Calls of varied batch sizes fragment glibc's heap, which then holds the high-water mark of every
     size seen: a TorchScript ResNet-50 fed batches of 1 to 8 held 737 MB of anonymous memory where 304 MB were in
     use. Returned under load it would cost every call its pages faulted in again (+12-16 % there); returned when
     idle it costs the first call after a quiet spell that (+17 % on one batch of 4) and an idle model holds only what

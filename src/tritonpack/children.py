@@ -5,32 +5,81 @@ group; but then nothing stops them when this process is killed (SIGKILL, the out
 holding their ports, memory and /dev/shm regions. Linux's parent-death signal (`prctl(PR_SET_PDEATHSIG)`) sends them
 SIGTERM instead. It is set in the child before the program starts, by a few lines of Python that then exec it: set
 through `preexec_fn` it would run code in a child forked from a threaded process. The signal goes when the *thread*
-that forked the child ends, not the process, so every child is forked by one thread that lives as long as this
-process; the children of that child (python stubs) do not inherit the setting.
+that forked the child ends, not the process, so every child is forked by one daemon thread of this module, which
+ends only with the process (a ThreadPoolExecutor's worker ends when the main thread returns, before `atexit`); the
+children of that child (python stubs) do not inherit the setting.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future
 
-_EXEC_WITH_PARENT_DEATH_SIGNAL = """\
+_LAUNCHER = """\
 import ctypes, os, signal, sys
 ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-if os.getppid() != int(sys.argv[1]):  # the parent died before the signal was set
+if not os.path.exists(f"/proc/{sys.argv[2]}/task/{sys.argv[3]}"):  # the forking thread ended before the line above
     sys.exit(1)
+for ignored in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; the program gets them as Popen leaves them
+    signal.signal(ignored, signal.SIG_DFL)
+errors = int(sys.argv[1])
+os.set_inheritable(errors, False)  # closed by a successful exec: the parent reads end-of-file
 try:
-    os.execvp(sys.argv[2], sys.argv[2:])
+    os.execvp(sys.argv[4], sys.argv[4:])
 except OSError as e:
-    sys.exit(f"cannot start {sys.argv[2]}: {e.strerror}")
+    os.write(errors, str(e.errno).encode())
+    os._exit(127)
 """
 
-_forker = ThreadPoolExecutor(1, thread_name_prefix="child-forker")
+_lock = threading.Lock()
+_forker: tuple[threading.Thread, queue.SimpleQueue] | None = None
 
 
 def start_child(command: list[str], **popen_kwargs) -> subprocess.Popen:
-    """`subprocess.Popen(command, **popen_kwargs)`, whose process gets SIGTERM when this process dies."""
-    launcher = [sys.executable, "-I", "-S", "-c", _EXEC_WITH_PARENT_DEATH_SIGNAL, str(os.getpid()), *command]
-    return _forker.submit(subprocess.Popen, launcher, **popen_kwargs).result()
+    """`subprocess.Popen(command, **popen_kwargs)`, whose process gets SIGTERM when this process dies. Like Popen, it
+    raises OSError (FileNotFoundError, PermissionError …) when `command[0]` cannot be executed."""
+    thread, jobs = _forking_thread()
+    read_end, write_end = os.pipe()
+    launcher = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(write_end), str(os.getpid()), str(thread.native_id),
+                *command]
+    future: Future = Future()
+    try:
+        jobs.put((future, launcher, {**popen_kwargs, "pass_fds": (*popen_kwargs.get("pass_fds", ()), write_end)}))
+        process = future.result()
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as errors:
+        failed = errors.read()
+    if failed:
+        process.wait()
+        errno = int(failed)
+        raise OSError(errno, os.strerror(errno), command[0])
+    return process
+
+
+def _forking_thread() -> tuple[threading.Thread, queue.SimpleQueue]:
+    """The thread that forks every child, started on first use (and again in a forked copy of this process)."""
+    global _forker
+    with _lock:
+        if _forker is None or not _forker[0].is_alive():
+            jobs: queue.SimpleQueue = queue.SimpleQueue()
+            thread = threading.Thread(target=_fork_jobs, args=(jobs,), name="child-forker", daemon=True)
+            thread.start()
+            _forker = (thread, jobs)
+        return _forker
+
+
+def _fork_jobs(jobs: queue.SimpleQueue) -> None:
+    while True:
+        future, command, popen_kwargs = jobs.get()
+        try:
+            future.set_result(subprocess.Popen(command, **popen_kwargs))
+        except BaseException as e:  # noqa: BLE001 - the caller's error, raised in its thread
+            future.set_exception(e)
