@@ -20,6 +20,7 @@ import importlib
 import json
 import os
 import threading
+from contextlib import nullcontext
 
 import numpy as np
 from batched_requests import ClientError, pad_and_concat, read_input, respond_all, split_rows
@@ -59,6 +60,7 @@ class FrameworkRunnerModel:
     pb_utils = None
     max_pack_tokens = 0  # set from the config's parameters in initialize; 0: the artifact is not packed
     max_pack_rows = 0  # 0: no limit on sentences per pack
+    idle_heap = nullcontext()  # initialize starts a HeapReturnedWhenIdle; a runner set up in-process without it none
 
     def initialize(self, args):
         self.idle_heap = HeapReturnedWhenIdle()
