@@ -168,9 +168,10 @@ class FrameworkRunnerModel:
         if self.max_pack_tokens and min(int(a.min()) for a in item.values()) < 0:
             raise ClientError("token inputs cannot be negative")
         for name, rows in self.index_rows.items():
-            if item[name].size and not 0 <= int(item[name].min()) <= int(item[name].max()) < rows:
-                raise ClientError(f"{name} indexes a table of {rows} rows: ids 0 to {rows - 1}, got "
-                                  f"{int(item[name].min())} to {int(item[name].max())}")
+            ids = item[name]
+            if ids.size and not 0 <= ids.min() <= ids.max() < rows:
+                raise ClientError(f"{name} indexes a table of {rows} rows: ids 0 to {rows - 1}, got {ids.min()} to "
+                                  f"{ids.max()}")
         return item
 
     def _run(self, items):
