@@ -18,8 +18,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
-from contextlib import closing, suppress
+from collections.abc import Callable, Iterable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,9 +88,23 @@ def native_backends(repository: Path) -> tuple[list[str], bool]:
 
 
 def free_port() -> int:
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int, taken: Iterable[int] = ()) -> list[int]:
+    """`count` distinct free loopback ports, none of `taken`. Their sockets are held open together while chosen: one
+    closed before the next is bound may be handed out again (a tritonserver got the same port for HTTP and metrics)."""
+    taken, sockets, ports = set(taken), [], []
+    try:
+        while len(ports) < count:
+            sockets.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sockets[-1].bind(("127.0.0.1", 0))
+            if (port := sockets[-1].getsockname()[1]) not in taken:
+                ports.append(port)
+    finally:
+        for s in sockets:
+            s.close()
+    return ports
 
 
 def _become_subreaper() -> None:
@@ -117,15 +131,17 @@ class TritonServer:
     env: dict[str, str] = field(default_factory=dict)
     startup_timeout_s: float = 180.0
     keep_log: bool = False
+    taken_ports: tuple[int, ...] = ()  # ports the extra_args make it listen on: not chosen for the others
     process: subprocess.Popen | None = None
     _stubs: dict[int, str] = field(default_factory=dict, repr=False)
     _regions: set[str] = field(default_factory=set, repr=False)
     _owns_log_dir: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.http_port = self.http_port or free_port()
-        self.grpc_port = self.grpc_port or free_port()
-        self.metrics_port = self.metrics_port or free_port()
+        chosen = iter(free_ports(3, taken=(self.http_port, self.grpc_port, self.metrics_port, *self.taken_ports)))
+        self.http_port = self.http_port or next(chosen)
+        self.grpc_port = self.grpc_port or next(chosen)
+        self.metrics_port = self.metrics_port or next(chosen)
         if self.log_path is None:
             self.log_path = Path(tempfile.mkdtemp(prefix="tritonpack-")) / "tritonserver.log"
             self._owns_log_dir = True

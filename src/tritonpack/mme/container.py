@@ -99,7 +99,7 @@ class SageMakerTriton:
         dummy.mkdir(exist_ok=True)
         self.server = TritonServer(
             None, log_path=self.log_path, extra_args=sagemaker_args(self.port, dummy, self.environment),
-            env={"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_TRITON_PING_MODE": "live"},
+            env={"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_TRITON_PING_MODE": "live"}, taken_ports=(self.port,),
         )
         self.server.start(wait_ready=False)
         self.starts += 1
