@@ -36,7 +36,7 @@ time.sleep(300)
 
 def running(pid: int) -> bool:
     found = proc.stat(pid)
-    return found is not None and found.state not in ("Z", "X")
+    return found is not None and not found.exited
 
 
 def test_child_outlives_the_thread_that_started_it_and_gets_sigterm_when_its_parent_is_killed():

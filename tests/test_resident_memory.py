@@ -8,6 +8,7 @@ import json
 import mmap
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -169,8 +170,6 @@ def test_heap_a_model_freed_goes_back_once_it_has_been_idle_and_not_while_a_call
 
 
 def test_heap_is_returned_once_per_quiet_spell_not_between_calls_that_keep_coming(monkeypatch):
-    import time
-
     returned = []
     monkeypatch.setattr(resident_memory, "return_freed_heap", lambda: returned.append(time.monotonic()))
     heap = resident_memory.HeapReturnedWhenIdle(idle_s=1.5)

@@ -103,6 +103,14 @@ def serve_command(repository: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def ready_tritonserver(command: subprocess.Popen, repository: Path) -> int:
+    """The pid of the tritonserver `serve_command` started, once it says "ready"."""
+    assert "starting tritonserver" in command.stdout.readline()
+    assert command.stdout.readline().strip() == "ready"
+    (server,) = [pid for pid in serving(repository) if proc.process_name(pid) == "tritonserver"]
+    return server
+
+
 def test_serve_stops_tritonserver_when_its_terminal_closes_while_models_load(tmp_path):
     """SIGHUP's default ended Python at once, and tritonserver, in a session of its own, served on."""
     repository = python_model_repository(tmp_path / "repo", "m", at_import="time.sleep(60)")
@@ -122,10 +130,7 @@ def test_serve_stops_tritonserver_when_its_terminal_closes_while_models_load(tmp
 def test_serve_exits_with_an_error_naming_the_log_when_tritonserver_dies(tmp_path):
     repository = python_model_repository(tmp_path / "repo", "m")
     with serve_command(repository) as command:
-        assert "starting tritonserver" in command.stdout.readline()
-        assert command.stdout.readline().strip() == "ready"
-        (server,) = [pid for pid in serving(repository) if proc.process_name(pid) == "tritonserver"]
-        os.kill(server, signal.SIGKILL)
+        os.kill(ready_tritonserver(command, repository), signal.SIGKILL)
         assert command.wait(timeout=60) == 1  # was 0: "stopping", as if asked to
         assert re.search(r"error: tritonserver exited with -9; log: \S+tritonserver.log", command.stderr.read())
     assert serving(repository) == []
@@ -135,10 +140,7 @@ def test_serve_killed_with_sigkill_leaves_no_tritonserver_behind(tmp_path):
     """tritonserver runs in a session of its own: killed, serve left it serving on (its ports, memory, stubs)."""
     repository = python_model_repository(tmp_path / "repo", "m")
     with serve_command(repository) as command:
-        assert "starting tritonserver" in command.stdout.readline()
-        assert command.stdout.readline().strip() == "ready"
-        (server,) = [pid for pid in serving(repository) if proc.process_name(pid) == "tritonserver"]
-        group = proc.group_members(server)
+        group = proc.group_members(ready_tritonserver(command, repository))
         command.kill()
     deadline = time.monotonic() + 60
     while serving(repository) and time.monotonic() < deadline:

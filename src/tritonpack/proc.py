@@ -37,6 +37,11 @@ class ProcessStat:
     group: int
     cpu_seconds: float
 
+    @property
+    def exited(self) -> bool:
+        """A zombie (waiting for its parent to collect it) or dead."""
+        return self.state in ("Z", "X")
+
 
 def stat(pid: int) -> ProcessStat | None:
     try:

@@ -253,7 +253,7 @@ class TritonServer:
         """Models whose python stub has died (now a zombie of tritonserver). Triton 2.51 keeps answering ready
         for such a model while every request to it fails with 500 "Stub process ... is not healthy"."""
         known = self.stub_models()
-        dead = [pid for pid in self.process_group_pids() if (s := proc.stat(pid)) and s.state in ("Z", "X")]
+        dead = [pid for pid in self.process_group_pids() if (s := proc.stat(pid)) and s.exited]
         return sorted(known.get(pid, str(pid)) for pid in dead)
 
     def _reap(self) -> None:
