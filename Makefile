@@ -21,7 +21,7 @@ BENCH ?= full# make bench: full | smoke (small corpus, one repetition, no peer i
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-BUILD_ARGS = $(NAME) $(if $(TARGET),--target $(TARGET))$(if $(IO_NAMES), --io-names $(IO_NAMES)) $(if $(MODEL),--model $(MODEL)) $(if $(WEIGHTS),--weights $(WEIGHTS))$(if $(GRAPHDEF), --weights $(GRAPHDEF))$(if $(MODEL_FORMAT), --model-format $(MODEL_FORMAT))$(if $(NO_ENV), --no-env)$(if $(TRITON_CONTAINER), --container $(TRITON_CONTAINER))$(if $(PYTHON_VERSION), --env-python $(PYTHON_VERSION))
+BUILD_ARGS = $(NAME) $(if $(TARGET),--target $(TARGET))$(if $(IO_NAMES), --io-names $(IO_NAMES)) $(if $(MODEL),--model '$(MODEL)') $(if $(WEIGHTS),--weights '$(WEIGHTS)')$(if $(GRAPHDEF), --weights '$(GRAPHDEF)')$(if $(and $(WEIGHTS),$(GRAPHDEF)),$(error WEIGHTS and GRAPHDEF both name the weights: give one))$(if $(MODEL_FORMAT), --model-format $(MODEL_FORMAT))$(if $(NO_ENV), --no-env)$(if $(TRITON_CONTAINER), --container $(TRITON_CONTAINER))$(if $(PYTHON_VERSION), --env-python $(PYTHON_VERSION))
 # The repository of NAME: for TARGET if given, else the target its last build chose (recorded by `tritonpack build`).
 CHOSEN = $(or $(TARGET),$(shell cat dist/.$(NAME).target 2>/dev/null),portable)
 REPO = dist/$(NAME)-$(CHOSEN)

@@ -24,12 +24,17 @@ from pathlib import Path
 import numpy as np
 
 from tritonpack.cache import producer
+from tritonpack.errors import SpecError
 
 SEED = 0
 CLASSES = 1000
 IMAGE_SIZE = 224
 MAX_REL_DIFF = 1e-4  # of the export against the eager forward, relative to the largest |logit|
 ONNX_NAMES = ("input", "output")
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def load_module(weights: str | None):
@@ -49,17 +54,24 @@ def load_module(weights: str | None):
         from transformers.utils import logging
 
         logging.disable_progress_bar()
-        model = ResNetForImageClassification.from_pretrained(weights, local_files_only=True)
+        try:
+            model = ResNetForImageClassification.from_pretrained(weights, local_files_only=True)
+        except (OSError, ValueError) as e:  # no weights or config in the folder, or not a ResNet's
+            raise SpecError(f"--weights {weights}: not a transformers ResNet folder ({_first_line(e)})") from None
         if model.config.num_labels != CLASSES:
-            raise ValueError(f"{weights}: {model.config.num_labels} classes, expected {CLASSES}")
+            raise SpecError(f"--weights {weights}: {model.config.num_labels} classes, expected {CLASSES}")
         return Logits(model).eval(), f"transformers folder {weights}"
     if weights:
         resnet50 = _torchvision_resnet50()
         if resnet50 is None:
-            raise RuntimeError(f"--weights {weights}: a state dict needs torchvision, which does not import here; "
-                               "pass a transformers ResNet folder instead")
+            raise SpecError(f"--weights {weights}: a state dict needs torchvision, which does not import here; "
+                            "pass a transformers ResNet folder instead")
         model = resnet50()
-        model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+        try:
+            model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+        except Exception as e:  # noqa: BLE001 - not a pickle, not weights only, or not a ResNet-50's tensors
+            raise SpecError(f"--weights {weights}: not a torchvision ResNet-50 state dict ({_first_line(e)})") \
+                from None
         return model.eval(), f"torchvision state dict {weights}"
     resnet50 = _torchvision_resnet50()
     if resnet50 is not None:

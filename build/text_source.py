@@ -49,10 +49,15 @@ class SentenceTransformerSource:
     @classmethod
     def load(cls, path: Path) -> SentenceTransformerSource:
         path = Path(path).resolve()
-        modules = [m["type"].rsplit(".", 1)[-1] for m in _json(path / "modules.json")]
+        listed = _json(path / "modules.json")
+        if not isinstance(listed, list) or not all(isinstance(m, dict) and isinstance(m.get("type"), str)
+                                                   and isinstance(m.get("path"), str) for m in listed):
+            raise SpecError(f"{path}/modules.json: not a sentence-transformers module list (objects with \"type\" "
+                            f"and \"path\")")
+        modules = [m["type"].rsplit(".", 1)[-1] for m in listed]
         if modules[:2] != ["Transformer", "Pooling"] or set(modules[2:]) - {"Normalize"}:
             raise SpecError(f"{path}/modules.json: expected Transformer, Pooling[, Normalize], got {modules}")
-        pooling_dir = next(m["path"] for m in _json(path / "modules.json") if m["type"].endswith("Pooling"))
+        pooling_dir = next(m["path"] for m in listed if m["type"].endswith("Pooling"))
         pooling = _json(path / pooling_dir / "config.json")
         if not pooling.get("pooling_mode_mean_tokens") or sum(bool(v) for k, v in pooling.items()
                                                                if k.startswith("pooling_mode")) != 1:
@@ -64,8 +69,8 @@ class SentenceTransformerSource:
             raise SpecError(f"{path}: tokenizer.json is missing (the served tokenizer needs the fast format)")
         return cls(
             path=path,
-            max_seq_length=int(_json(path / "sentence_bert_config.json")["max_seq_length"]),
-            hidden_size=int(config["hidden_size"]),
+            max_seq_length=_number(path / "sentence_bert_config.json", "max_seq_length"),
+            hidden_size=_number(path / "config.json", "hidden_size"),
             normalize="Normalize" in modules,
             pad_token=_json(path / "tokenizer_config.json").get("pad_token", "[PAD]"),
             takes_token_type_ids=config.get("model_type") == "bert" and int(config.get("type_vocab_size", 0)) > 1,
@@ -98,5 +103,18 @@ class SentenceTransformerSource:
 def _json(path: Path):
     try:
         return json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise SpecError(f"{path}: {e}") from None
+    except FileNotFoundError:
+        raise SpecError(f"{path}: missing, which a sentence-transformers folder has") from None
+    except OSError as e:
+        raise SpecError(f"{path}: {e.strerror}") from None
+    except ValueError as e:
+        raise SpecError(f"{path}: not JSON ({e})") from None
+
+
+def _number(path: Path, key: str) -> int:
+    """A whole number `key` of the JSON object in `path`."""
+    data = _json(path)
+    value = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise SpecError(f"{path}: {key} is {value!r}, where a positive whole number is needed")
+    return value

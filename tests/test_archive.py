@@ -118,8 +118,27 @@ def test_archive_problems_refuse_members_a_damaged_header_hides_from_tarfile(tmp
     path = tmp_path / "hidden.tar.gz"
     path.write_bytes(gzip.compress(body + b"G" * tarfile.BLOCKSIZE + hidden.getvalue(), mtime=0))
     assert archive_problems(path, SMALL) == [Problem("hidden.tar.gz", "archive", "not a readable tar or tar.gz: data "
-                                                     "after the end of the archive (a damaged header hides later "
-                                                     "members)")]
+                                                     "after the end of the archive (a damaged header or a second "
+                                                     "archive hides members)")]
+
+
+def test_archive_problems_refuse_a_second_archive_after_the_end_of_the_first_when_gzipped(tmp_path):
+    """Two tars gzipped as one: tarfile and plain tar stop at the first one's end, `tar -i` extracts the second
+    (here a model.py the check never saw); only the end-of-archive blocks and tar's zero padding may follow."""
+    archives = []
+    for members in (GOOD, [member("m/1/model.py", b"import os\nos.system('evil')\n")]):
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for info, data in members:
+                tar.addfile(info, io.BytesIO(data) if data is not None else None)
+        archives.append(out.getvalue())
+    path = tmp_path / "concatenated.tar.gz"
+    path.write_bytes(gzip.compress(archives[0] + archives[1], mtime=0))
+    assert archive_problems(path, SMALL) == [Problem("concatenated.tar.gz", "archive", "not a readable tar or "
+                                                     "tar.gz: data after the end of the archive (a damaged header or "
+                                                     "a second archive hides members)")]
+    path.write_bytes(gzip.compress(archives[0] + bytes(10 * tarfile.RECORDSIZE), mtime=0))  # padding: accepted
+    assert archive_problems(path, SMALL) == []
 
 
 @pytest.mark.parametrize("form", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import tarfile
 import time
 from dataclasses import replace
@@ -204,6 +205,26 @@ def labels_outside(root):
     rewrite(root / "enc" / "config.pbtxt", "dims: 4\n", 'dims: 4\n  label_filename: "../../labels.txt"\n')
 
 
+def syntax_error(root):
+    (root / "pre" / "1" / "model.py").write_text("import numpy\ndef initialize(self, args)\n    pass\n")
+
+
+def single_quoted_ensemble(root):
+    rewrite(root / "ens" / "config.pbtxt", 'platform: "ensemble"', "platform: 'ensemble'")
+
+
+def negative_max_batch_size(root):
+    rewrite(root / "enc" / "config.pbtxt", "max_batch_size: 8", "max_batch_size: -4")
+
+
+def misspelled_platform(root):
+    rewrite(root / "enc" / "config.pbtxt", 'platform: "onnxruntime_onnx"', 'platform: "onnxruntime_onx"')
+
+
+def misspelled_backend(root):
+    rewrite(root / "pre" / "config.pbtxt", 'backend: "python"', 'backend: "pyhton"')
+
+
 ENV_FIELD = "parameters.EXECUTION_ENV_PATH"
 CORPUS = {  # name → (mutation, needs an env in the repository, expected problem)
     "bad_pbtxt": (bad_pbtxt, False, Problem("pre/config.pbtxt", "line 4 column 1",
@@ -270,6 +291,22 @@ CORPUS = {  # name → (mutation, needs an env in the repository, expected probl
     "labels_missing": (labels_missing, False, Problem(
         "enc/labels.txt", "output[OUT].label_filename", "missing: Triton reads the labels file when it loads the "
                                                         "model")),
+    # what Triton's python backend, its config validation or its SageMaker front-end refuse (each seen in the
+    # local MME with Triton 2.51)
+    "syntax_error": (syntax_error, False, Problem("pre/1/model.py", "line 2", "expected ':': Triton's python backend "
+                                                                              "cannot import it")),
+    "single_quoted_ensemble": (single_quoted_ensemble, False, Problem(
+        "ens/config.pbtxt", "platform", 'SageMaker\'s front-end finds the ensemble by the text platform: "ensemble" '
+                                        '(double quotes, no space before the colon) and would serve another model of '
+                                        'the tarball: write it so')),
+    "negative_max_batch_size": (negative_max_batch_size, False, Problem(
+        "enc/config.pbtxt", "max_batch_size", "-4: must be 0 (no batching) or more")),
+    "misspelled_platform": (misspelled_platform, False, Problem(
+        "enc/config.pbtxt", "platform", "'onnxruntime_onx' is not a platform Triton knows (ensemble, "
+                                        "onnxruntime_onnx, pytorch_libtorch, tensorflow_graphdef, "
+                                        "tensorflow_savedmodel, tensorrt_plan); a backend goes in `backend`")),
+    "misspelled_backend": (misspelled_backend, False, Problem(
+        "pre/config.pbtxt", "backend", "'pyhton' is not a backend of the Triton container; did you mean 'python'?")),
     "labels_outside": (labels_outside, False, Problem(
         "enc/config.pbtxt", "output[OUT].label_filename", "'../../labels.txt' leads outside the repository")),
 }
@@ -353,9 +390,15 @@ def test_check_warns_when_more_than_five_model_folders(tmp_path):
                                      "this target, slowing cold starts") in report.warnings
 
 
-def test_check_refuses_python_model_importing_beyond_numpy_when_no_environment_carries_it(tmp_path):
+@pytest.mark.parametrize("source", [
+    "import numpy\nfrom tokenizers import Tokenizer\n",
+    # imports an `initialize` or a `with` block runs were not looked at: such a model failed at load in Triton
+    "import numpy\nclass TritonPythonModel:\n    def initialize(self, args):\n        import tokenizers\n",
+    "import contextlib\nwith contextlib.suppress(OSError):\n    import tokenizers\n",
+], ids=["at-import", "in-initialize", "in-with"])
+def test_check_refuses_python_model_importing_beyond_numpy_when_no_environment_carries_it(tmp_path, source):
     root = write_repo(tmp_path / "repo")
-    (root / "pre" / "1" / "model.py").write_text("import numpy\nfrom tokenizers import Tokenizer\n")
+    (root / "pre" / "1" / "model.py").write_text(source)
     refresh_manifest(root)
     report = check(root)
     assert [(p.file, p.field) for p in report.problems] == [("pre/config.pbtxt", "parameters.EXECUTION_ENV_PATH")]
@@ -473,3 +516,17 @@ def test_check_prints_a_member_name_that_is_not_utf8_escaped_when_stdout_is_stri
                             env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"})
     assert result.returncode == 1, result.stderr.decode()[-500:]
     assert b"enc/v\\udcff: version: version folder names must be numbers" in result.stdout.splitlines()
+
+
+def test_check_warns_instead_of_refusing_when_a_newer_stub_python_may_parse_what_this_one_cannot(tmp_path):
+    """`type` statements are Python 3.12: a 3.11 checker cannot parse them, the stub of a 3.12 container can."""
+    root = write_repo(tmp_path / "repo", manifest_python="3.12")
+    (root / "pre" / "1" / "model.py").write_text("import numpy\ntype Vector = list[float]\n")
+    refresh_manifest(root)
+    report = check(root, python="3.12")
+    if sys.version_info >= (3, 12):
+        assert report.ok and report.warnings == []
+    else:
+        assert report.ok and [(w.file, w.field) for w in report.warnings] == [("pre/1/model.py", "line 2")]
+        assert "imports were not checked (the stub runs Python 3.12)" in report.warnings[0].reason
+        assert not check(root, python="3.11").ok

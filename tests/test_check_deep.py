@@ -278,6 +278,10 @@ CORPUS = {
         r / PRE / "1" / "dali.py", "@autoserialize\n", ""),
         f"{PRE}/1/dali.py", "file", "Precisely one autoserialize function must exist in the module. Found none; "
                                     "dali refuses"),
+    # it ended the check with its own exit status and no report
+    "dali_py_exits": Broken(("resnet_pt", "gpu"), lambda r: rewrite_file(
+        r / PRE / "1" / "dali.py", "@autoserialize\n", "raise SystemExit(0)\n@autoserialize\n"),
+        f"{PRE}/1/dali.py", "file", "autoserializing the pipeline fails: SystemExit: 0; dali refuses"),
     # tensorrt_plan
     "plan_on_cpu_instance": Broken(("resnet_trt", "gpu"), lambda r: set_kind(r, "resnet_trt_classifier", "KIND_CPU"),
                                    "resnet_trt_classifier/1/model.plan", "instance_group.kind",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +92,15 @@ MISTAKES = {  # argv → what the one line says; each used to end in a traceback
     "ensemble not built": (["serve", "{tmp}/dali_inception-portable"],
                            "no such repository folder; `make build NAME=dali_inception TARGET=portable` builds it"),
     "texts file missing": (["infer", "--file", "{tmp}/texts.txt"], "error: --file {tmp}/texts.txt: no such file"),
+    "texts file not utf-8": (["infer", "--file", "{file}"], "error: --file {file}: not UTF-8 text (invalid "
+                                                            "continuation byte at byte 3); save it as UTF-8"),
+    "weights without torchvision": (["build", "resnet_pt", "--target", "portable", "--weights", "{file}"],
+                                    "error: --weights {file}: a state dict needs torchvision, which does not import "
+                                    "here"),
+    "weights folder not a resnet": (["build", "resnet_pt", "--target", "portable", "--weights", "{tmp}"],
+                                    "error: --weights {tmp}: not a transformers ResNet folder"),
+    "model folder not sentence-transformers": (["build", "bert", "--target", "portable", "--model", "{tmp}"],
+                                               "modules.json: missing, which a sentence-transformers folder has"),
     "nothing listening": (["infer", "hello", "--url", "127.0.0.1:{port}"],
                           "error: nothing answers at 127.0.0.1:{port} (Connection refused)"),
     "https": (["infer", "hello", "--url", "https://127.0.0.1:{port}"],
@@ -136,6 +147,8 @@ def test_cli_prints_one_line_and_exits_2_for_each_user_mistake(mistake, tmp_path
     argv = [a.format(**fill) for a in argv]
     if mistake == "check the dist folder":
         (tmp_path / "bert-portable.tar.gz").write_bytes(b"")
+    elif mistake == "texts file not utf-8":
+        fill["file"].write_bytes("café\n".encode("latin-1"))
     elif mistake != "serve a folder of no models":
         fill["file"].write_text("")
     if argv[0] == "build":
@@ -178,16 +191,17 @@ def test_cli_keeps_the_traceback_when_the_failure_is_a_bug(monkeypatch):
 
 def test_cli_build_smoke_names_the_serving_command_when_the_local_triton_lacks_the_backends(tmp_path, test_dist):
     """The newcomer path: `make ensemble TARGET=cpu` builds, checks, and says in one line where the repository runs."""
-    dist = tmp_path / "dist"
+    dist = tmp_path / "my dist"  # the commands it prints quote what the shell would split
     dist.mkdir()
     (dist / "cache").symlink_to(test_dist / "cache")
     result = run_cli("build", "bert", "--target", "cpu", "--smoke", "--dist", str(dist))
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and "check:      ok (4 models, entry bert)" in result.stdout
     repository, served = dist / "bert-cpu", (dist / "bert-cpu.triton").resolve()
+    tarball, served = shlex.quote(str(served.with_suffix(".tar.gz"))), shlex.quote(str(served))
     assert result.stdout.splitlines()[-1] == (
         f"{repository} needs Triton's onnxruntime_onnx backend, which the local Triton (python backend only) lacks; "
-        f"serve it with: mkdir -p {served} && tar -xzf {served.with_suffix('.tar.gz')} -C {served} && docker run "
+        f"serve it with: mkdir -p {served} && tar -xzf {tarball} -C {served} && docker run "
         f"--rm -p8000:8000 -v {served}:/models nvcr.io/nvidia/tritonserver:24.09-py3 tritonserver "
         f"--model-repository=/models")  # the tarball: its environment has what the container's Python lacks
     assert (dist / ".bert.target").read_text() == "cpu\n"
@@ -245,3 +259,31 @@ def test_cli_infer_says_the_server_did_not_answer_in_time_when_tritonclient_time
     assert main(["infer", "hello", "--url", "127.0.0.1:9"]) == 1
     assert capsys.readouterr().err.strip() == ("error: 127.0.0.1:9 did not answer within 60 s (tritonclient's "
                                                "timeout): a server still loading, or not Triton's HTTP port")
+
+
+def test_cli_serve_refuses_in_one_line_a_repository_whose_path_the_python_backend_cannot_start_stubs_from(tmp_path):
+    """The stub is started through a shell with the model's path unquoted: from a folder with a space tritonserver
+    waited 3 minutes for a stub that had crashed, then named its log."""
+    from tests.mme_support import python_model_repository
+
+    repository = python_model_repository(tmp_path / "my models", "m")
+    started = time.monotonic()
+    result = run_cli("serve", str(repository))
+    assert result.returncode == 2 and time.monotonic() - started < 30, result.stderr
+    assert result.stderr.strip() == (f"error: {repository}: its path holds ' ', which Triton's python backend passes "
+                                     f"unquoted to a shell when it starts a model's stub (the stub fails and the "
+                                     f"model never loads): use a path without them, e.g. `cp -r` it elsewhere")
+
+
+def test_docker_command_names_the_container_the_repository_was_built_for(tmp_path):
+    from tritonpack.containers import DEFAULT_CONTAINER, built_for, docker_command
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"build": {"container": "25.03"}}))
+    assert built_for(tmp_path) == "25.03" and "tritonserver:25.03-py3" in docker_command(tmp_path, "cpu", "25.03")
+    (tmp_path / "manifest.json").write_text("{not json")
+    assert built_for(tmp_path) == DEFAULT_CONTAINER
+
+
+def test_cli_env_names_a_misspelt_environment_before_creating_its_output_folder(tmp_path, capsys):
+    assert main(["env", "txet", "--out", str(tmp_path / "envs")]) == 2
+    assert "error: no environment 'txet'" in capsys.readouterr().err and not (tmp_path / "envs").exists()

@@ -54,11 +54,15 @@ def test_envs_covering_packs_several_envs_together_when_no_single_one_has_every_
 
 
 def test_required_modules_ignore_stdlib_and_siblings_when_reading_sources():
+    # an import inside a function counts: `initialize` and `execute` run as surely as the module's body
     sources = {"model.py": "import json\nimport numpy as np\nimport helper\ntry:\n    import tokenizers\n"
                            "except ImportError:\n    pass\n\ndef f():\n    import torch\n",
                "helper.py": "import os\n"}
-    assert required_modules(sources, {}) == {"tokenizers"}
+    assert required_modules(sources, {}) == {"tokenizers", "torch"}
     assert required_modules({}, {"framework": "onnxruntime"}) == {"onnxruntime"}
+    with pytest.raises(SyntaxError) as error:
+        required_modules({"helper.py": "import os\n", "model.py": "def f(:\n"}, {})
+    assert (error.value.filename, error.value.lineno) == ("model.py", 1)
 
 
 def test_container_python_follows_release_notes_when_looking_up_a_release():

@@ -137,6 +137,30 @@ def test_local_mme_leaves_loaded_models_as_they_were_when_a_load_fails(mme, targ
     assert after["ModelLoadFailures"] - before["ModelLoadFailures"] == (target == "import-error.tar.gz")
 
 
+def test_local_mme_loads_a_target_again_when_its_load_refusal_ends_and_the_fault_has_passed(mme, models_dir, tmp_path,
+                                                                                         monkeypatch):
+    """Triton's refusal to load a tarball is answered from memory for `load_refusal_s`, not until the tarball changes:
+    a load can fail for a cause that passes (here a file the model's import trips on), and the same tarball then
+    loads."""
+    import dataclasses
+
+    fault = tmp_path / "fault"
+    fault.touch()
+    python_model_tarball(models_dir / "passing.tar.gz", "passing",
+                         at_import=f"import os\nif os.path.exists({str(fault)!r}): raise RuntimeError('a passing fault')")
+    monkeypatch.setattr(mme.manager, "policy", dataclasses.replace(mme.manager.policy, load_refusal_s=3.0))
+    before = metrics(mme)
+    answer = invoke(mme, "passing.tar.gz")
+    assert answer.status_code == 400 and "a passing fault" in answer.json()["message"], answer.text
+    assert "not loaded again for 3 s unless the tarball changes" in answer.json()["message"]
+    fault.unlink()
+    assert invoke(mme, "passing.tar.gz").status_code == 400  # within the refusal: answered from memory
+    assert metrics(mme)["ModelLoadFailures"] - before["ModelLoadFailures"] == 1
+    time.sleep(3.0)
+    answer = invoke(mme, "passing.tar.gz")
+    assert answer.status_code == 200, answer.text
+
+
 def test_local_mme_refuses_a_sparse_2gib_tarball_without_copying_it_when_it_lies_in_the_models_folder(mme):
     def read_bytes() -> int:
         return int(next(line for line in Path("/proc/self/io").read_text().splitlines()

@@ -24,7 +24,7 @@ import pytest
 from aiohttp import web
 
 from tests.test_mme_manager import FakeStore, FakeTriton
-from tritonpack.mme.gateway import MAX_CALLS_PER_TARGET, Gateway
+from tritonpack.mme.gateway import INVOKE_THREADS, MAX_CALLS_PER_TARGET, RESERVED_THREADS, Gateway
 from tritonpack.mme.health import FaultPolicy
 from tritonpack.mme.manager import ModelManager
 from tritonpack.mme.metrics import Metrics, parse_metrics
@@ -33,27 +33,44 @@ BODY = json.dumps({"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYT
 
 
 class HeldTriton(FakeTriton):
-    """Calls of target `held` stay in flight until `release` is set."""
+    """Calls of targets named `held…` stay in flight until `release` is set, and so do loads of `slow-load`."""
 
     def __init__(self):
-        super().__init__(4, 0)
-        self.release, self.held_calls = threading.Event(), 0
+        super().__init__(8, 0)
+        self.release, self.held_calls, self.loads = threading.Event(), 0, 0
 
     def invoke(self, model_hash, target, body, content_type):
-        if target == "held":
+        if target.startswith("held"):
             with self.lock:
                 self.held_calls += 1
             self.release.wait(60)
         return super().invoke(model_hash, target, body, content_type)
 
+    def load(self, model_hash, target, url):
+        with self.lock:
+            self.loads += 1
+        if target == "slow-load":
+            self.release.wait(60)
+        return super().load(model_hash, target, url)
+
 
 @pytest.fixture
 def gateway():
+    yield from serving()
+
+
+@pytest.fixture
+def quick_gateway():
+    """A gateway that answers every invocation within one second."""
+    yield from serving(invocation_s=1.0)
+
+
+def serving(**options):
     triton = HeldTriton()
     store = FakeStore()
     store.cache = SimpleNamespace(total_bytes=0, entries={})
-    gateway = Gateway(ModelManager(store, triton, 4, Metrics(), FaultPolicy()), body_read_s=1.0,
-                      idle_connection_s=1.0)
+    gateway = Gateway(ModelManager(store, triton, 8, Metrics(), FaultPolicy()), body_read_s=1.0,
+                      idle_connection_s=1.0, **options)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -110,6 +127,49 @@ def test_gateway_answers_other_targets_while_one_target_holds_as_many_calls_as_t
         assert gateway.triton.held_calls == MAX_CALLS_PER_TARGET and not any(call.done() for call in held)
         gateway.triton.release.set()
         assert [call.result()[0] for call in held] == [200] * 64
+
+
+def test_gateway_answers_a_target_while_four_slow_targets_hold_every_call_they_may(gateway):
+    """Four slow targets, 16 calls each, held all 64 invocation threads: every other target waited for them."""
+    busy_share = INVOKE_THREADS - RESERVED_THREADS
+    with ThreadPoolExecutor(4 * MAX_CALLS_PER_TARGET) as clients:
+        held = [clients.submit(invoke, gateway.port, f"held{i}") for i in range(4) for _ in range(MAX_CALLS_PER_TARGET)]
+        deadline = time.monotonic() + 30
+        while gateway.triton.held_calls < busy_share and time.monotonic() < deadline:
+            time.sleep(0.05)
+        started = time.monotonic()
+        assert invoke(gateway.port, "m0")[0] == 200 and time.monotonic() - started < 5
+        # the busy targets share what the reserve leaves, and a first call of each may take a reserved thread
+        assert busy_share <= gateway.triton.held_calls <= busy_share + 3 and not any(call.done() for call in held)
+        gateway.triton.release.set()
+        assert [call.result()[0] for call in held] == [200] * len(held)
+
+
+def test_gateway_answers_424_when_a_loaded_target_does_not_answer_within_the_invocation_limit(quick_gateway):
+    """SageMaker answers an invocation within 60 s (here 1 s); the gateway waited for a slow model as long as it
+    took, and a hung one held its caller for the container's 600 s."""
+    started = time.monotonic()
+    status, error = invoke(quick_gateway.port, "held0")
+    assert (status, error["ErrorCode"]) == (424, "ModelError") and time.monotonic() - started < 3, error
+    assert error["message"] == ("Received server error (0) from model 'held0' with message \"no answer within 1 s, "
+                                "SageMaker's limit on an invocation\""), error
+    quick_gateway.triton.release.set()
+    assert invoke(quick_gateway.port, "held0")[0] == 200
+    assert counts(quick_gateway.gateway) == (2, 1, 0)
+
+
+def test_gateway_answers_429_model_not_ready_while_a_load_outlasts_the_limit_and_lets_the_load_finish(quick_gateway):
+    """As SageMaker does for a target whose load outlasts an invocation: ModelNotReadyException, and the load goes
+    on, so that a later call finds the target loaded."""
+    status, error = invoke(quick_gateway.port, "slow-load")
+    assert (status, error["ErrorCode"]) == (429, "ModelNotReadyException"), error
+    assert "'slow-load' is not loaded yet after 1 s; its load goes on" in error["message"]
+    assert "slow-load" not in quick_gateway.gateway.manager.loaded_targets()
+    quick_gateway.triton.release.set()
+    deadline = time.monotonic() + 10
+    while "slow-load" not in quick_gateway.gateway.manager.loaded_targets() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert invoke(quick_gateway.port, "slow-load")[0] == 200 and quick_gateway.triton.loads == 1
 
 
 def test_gateway_answers_400_when_the_content_type_is_not_ascii(gateway):

@@ -155,7 +155,7 @@ class FakeStore:
     def refusal(self, prepared: Prepared) -> TargetError | None:
         return self.refused.get(prepared.target)
 
-    def refuse(self, prepared: Prepared, error: TargetError) -> None:
+    def refuse(self, prepared: Prepared, error: TargetError, for_s: float = 0.0) -> None:
         self.refused[prepared.target] = error
 
 
@@ -493,6 +493,41 @@ def test_slot_table_sends_nothing_for_a_slot_a_restart_dropped_and_holds_the_res
     assert replies[0].status == 200
 
 
+def test_model_manager_waits_between_failed_starts_without_spending_the_restart_budget(monkeypatch):
+    """A tritonserver that cannot start for a while (its port taken) is tried again after growing waits, each failure
+    answered 503 in one line naming Triton's own error; the restart budget, which bounds servers that start and die,
+    is not spent by starts that never got ready, so the endpoint serves again as soon as a start succeeds."""
+    from tritonpack.errors import ServerError
+    from tritonpack.mme import recovery
+
+    class PortTakenTriton(FakeTriton):
+        blocked, attempts = True, 0
+
+        def start(self, timeout_s: float = 180.0) -> FakeTriton:
+            self.attempts += 1
+            if self.blocked:
+                raise ServerError("tritonserver exited with 1 before it was ready: failed to start Sagemaker "
+                                  "service: Socket already in use; log: /tmp/x.log\nI1126 server.cc:674]\n| a | b |")
+            return super().start(timeout_s)
+
+    monkeypatch.setattr(recovery, "START_RETRY_S", (0.05, 0.1))
+    triton = PortTakenTriton(2, seed=0)
+    manager = ModelManager(FakeStore(), triton, 2, Metrics(), FaultPolicy(restarts=3, restart_refill_s=600.0))
+    assert outcome(manager, triton, "m0")[1] == 200
+    triton.die()
+    _, status, message = outcome(manager, triton, "m0")
+    assert status == 503 and "\n" not in message and "failed to start Sagemaker service" in message, message
+    _, status, message = outcome(manager, triton, "m0")  # within the wait: no start tried
+    assert (status, triton.attempts) == (503, 1) and "next try in" in message, message
+    for _ in range(6):  # more failed starts than the budget holds
+        time.sleep(0.11)
+        assert outcome(manager, triton, "m0")[1] == 503
+    assert triton.attempts == 7
+    triton.blocked = False
+    time.sleep(0.11)
+    assert outcome(manager, triton, "m0")[1] == 200
+
+
 def test_restart_budget_refuses_then_recovers_when_restarts_come_in_a_burst():
     now = [0.0]
     budget = RestartBudget(capacity=2, refill_s=10.0, clock=lambda: now[0])
@@ -523,3 +558,25 @@ def test_crash_ledger_quarantines_when_crashes_fall_within_the_window_and_lifts_
     now[0] = 42.0
     ledger.refuse_if_quarantined("a")
     assert ledger.quarantined() == [] and not ledger.record("a", "fresh count after the quarantine")
+
+
+def test_disk_cache_removes_what_a_killed_run_left_and_keeps_its_entries_and_other_folders(tmp_path):
+    """A download or extraction cut short by a kill is counted by no entry, so no bound or full-disk eviction could
+    ever reclaim it: the next start removes it. Entries with their record stay; folders the cache did not name stay."""
+    from tritonpack.mme.sources import target_hash
+    from tritonpack.mme.store import DiskCache
+
+    kept = tmp_path / target_hash("kept.tar.gz")
+    (kept / "model").mkdir(parents=True)
+    (kept / "source.json").write_text(json.dumps({"target": "kept.tar.gz", "version": "1", "bytes": 7}))
+    download = tmp_path / f".download-{target_hash('big.tar.gz')[:8]}-x1_y"
+    download.mkdir()
+    (download / "big.tar.gz").write_bytes(b"\0" * 4096)
+    cut_short = tmp_path / target_hash("cut.tar.gz") / "model" / "cut" / "1"  # extracting, no source.json yet
+    cut_short.mkdir(parents=True)
+    (cut_short / "model.bin").write_bytes(b"\0" * 4096)
+    other = tmp_path / "notes"
+    other.mkdir()
+    cache = DiskCache(tmp_path, max_bytes=1)
+    assert list(cache.entries) == ["kept.tar.gz"] and cache.total_bytes == 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([kept.name, "notes"])

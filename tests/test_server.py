@@ -79,6 +79,9 @@ def test_server_raises_with_log_tail_when_repository_is_broken(tmp_path):
     with pytest.raises(ServerError, match="before it was ready|not ready") as error:
         server.start()
     assert str(server.log_path) in str(error.value)
+    # the first line says why, in Triton's words, without the traceback that follows them in the log
+    assert str(error.value).splitlines()[0].endswith("before it was ready: failed to load 'broken' version 1: "
+                                                     f"Internal: RuntimeError: cannot load me; log: {server.log_path}")
     assert server.process_group_pids() == []  # start() stopped what it started: no stop() needed
     assert "cannot load me" in server.log_path.read_text(), "the log the error names is gone"
 

@@ -212,10 +212,16 @@ def _members(fileobj, limits: ArchiveLimits, label: str) -> Iterator[tuple[tarfi
         for member in tar:
             yield member, tar
         # tarfile ends the archive at a damaged header as at the first end-of-archive block; GNU tar skips a damaged
-        # header and extracts what follows, over members checked here, but stops at a zero block: the block after
-        # the one tarfile stopped at must be zeros (or nothing)
-        if tar.fileobj.read(tarfile.BLOCKSIZE).strip(b"\0"):
-            raise tarfile.ReadError("data after the end of the archive (a damaged header hides later members)")
+        # header and extracts what follows, over members checked here, and `tar -i` extracts a second archive after
+        # the first: what follows must be zeros, in a tar.gz all of it (read anyway, for gzip's CRC), in a plain tar
+        # the block after the one tarfile stopped at (a sparse 2 GiB file stays unread)
+        rest = tar.fileobj  # tarfile's read-ahead, then the stream
+        while chunk := rest.read(READ_BYTES if stream.raw is not None else tarfile.BLOCKSIZE):
+            if chunk.strip(b"\0"):
+                raise tarfile.ReadError("data after the end of the archive (a damaged header or a second archive "
+                                        "hides members)")
+            if stream.raw is None:
+                break
     stream.drain()
 
 

@@ -54,6 +54,9 @@ DALI_MODULE = "nvidia"  # the portable DALI runner imports nvidia.dali
 ENV_PARAMETER = "EXECUTION_ENV_PATH"
 MODEL_DIR_VAR = "$$TRITON_MODEL_DIRECTORY"
 
+# The `platform` values Triton 2.51 takes (model_config_utils: anything else fails the load, "unexpected platform")
+PLATFORMS = frozenset({"tensorrt_plan", "tensorflow_graphdef", "tensorflow_savedmodel", "onnxruntime_onnx",
+                       "pytorch_libtorch", "ensemble"})
 # What each platform or backend loads from a version folder when `default_model_filename` is not set (Triton's
 # backends' READMEs), for configs that were not rendered here too (hand-written ones use aliases and savedmodels).
 LOADED_FILES: Mapping[str, tuple[str, ...]] = MappingProxyType({

@@ -102,7 +102,7 @@ def build_hint(repository: Path) -> str:
 
 
 def cmd_serve(args) -> int:
-    from tritonpack.server import TritonServer, native_backends
+    from tritonpack.server import TritonServer, native_backends, stub_path_problem
 
     repository = Path(args.repository)
     if repository.is_file():
@@ -113,12 +113,14 @@ def cmd_serve(args) -> int:
     refuse_what_would_not_load(repository)
     needed, gpu = native_backends(repository)
     if needed:  # the bundled Triton has only the python backend: say where the repository does run
-        from tritonpack.containers import docker_command
+        from tritonpack.containers import built_for, docker_command
 
         print(f"{args.repository} needs Triton's {', '.join(needed)} backend{'s' * (len(needed) > 1)}, which the "
               f"local Triton (python backend only) lacks; serve it with: "
-              f"{docker_command(Path(args.repository), 'gpu' if gpu else 'cpu')}", flush=True)
+              f"{docker_command(repository, 'gpu' if gpu else 'cpu', built_for(repository))}", flush=True)
         return 0
+    if problem := stub_path_problem(repository):
+        raise UserError(f"{repository}: {problem}, e.g. `cp -r` it elsewhere")
 
     server = TritonServer(Path(args.repository), http_port=args.http_port, grpc_port=args.grpc_port,
                           metrics_port=args.metrics_port, keep_log=True)
@@ -195,7 +197,11 @@ def cmd_infer(args) -> int:
     if args.file:
         if not Path(args.file).is_file():
             raise UserError(f"--file {args.file}: no such file")
-        texts += Path(args.file).read_text().splitlines()
+        try:
+            texts += Path(args.file).read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            raise UserError(f"--file {args.file}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") \
+                from None
     if not texts:
         raise UserError("give texts as arguments or --file")
     if args.mme:  # a SageMaker multi-model endpoint (local `tritonpack mme` or real) through boto3

@@ -45,22 +45,14 @@ def instance_kind(target: str) -> str:
 
 
 def module_imports(source: str | bytes) -> set[str]:
-    """Top-level names a module imports at import time (module body, including `try`/`if` blocks)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return set()
+    """Top-level names a module imports anywhere in it: at import time, and inside functions, which a model's
+    `initialize` or `execute` runs as surely. Raises SyntaxError where this interpreter cannot parse it."""
     names: set[str] = set()
-    stack = list(tree.body)
-    while stack:
-        node = stack.pop()
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module.split(".")[0])
-        elif isinstance(node, (ast.If, ast.Try)):
-            stack += node.body + node.orelse + getattr(node, "finalbody", []) + \
-                [s for h in getattr(node, "handlers", []) for s in h.body]
     return names
 
 

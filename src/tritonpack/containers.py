@@ -5,6 +5,7 @@ The SageMaker Triton images follow the NGC releases of the same number (`sagemak
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Mapping
@@ -117,8 +118,17 @@ def docker_command(repository: Path, target: str, container: str = DEFAULT_CONTA
     tarball extracted beside it, which carries the packed environment the container's Python lacks (the local
     repository's python models run in this interpreter's environment)."""
     repository = Path(repository).resolve()
-    tarball = repository.with_name(f"{repository.name}.tar.gz")
-    served = repository.with_name(f"{repository.name}.triton")
+    tarball = shlex.quote(str(repository.with_name(f"{repository.name}.tar.gz")))
+    served = shlex.quote(str(repository.with_name(f"{repository.name}.triton")))
     gpus = "--gpus all " if target == "gpu" else ""
     return (f"mkdir -p {served} && tar -xzf {tarball} -C {served} && docker run --rm {gpus}-p8000:8000 "
             f"-v {served}:/models nvcr.io/nvidia/tritonserver:{container}-py3 tritonserver --model-repository=/models")
+
+
+def built_for(repository: Path) -> str:
+    """The Triton container release `repository` was built for (its manifest), else the default."""
+    try:
+        release = json.loads((Path(repository) / "manifest.json").read_text())["build"]["container"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return DEFAULT_CONTAINER
+    return release if isinstance(release, str) and re.fullmatch(r"\d+\.\d+", release) else DEFAULT_CONTAINER

@@ -25,7 +25,7 @@ from tritonpack.containers import (
     python_minor,
     version_key,
 )
-from tritonpack.envpack import cached_env, known_envs, packer
+from tritonpack.envpack import EnvSpec, cached_env, known_envs, packer
 from tritonpack.server import PYTHON_VERSION
 
 # Environment → the top-level modules it provides (numpy is in every env and in every Triton container).
@@ -35,9 +35,16 @@ STUB_MODULES = frozenset({"triton_python_backend_utils", "numpy"})
 
 def required_modules(sources: Mapping[str, str | bytes], parameters: Mapping[str, str]) -> set[str]:
     """Third-party modules a python model needs beyond numpy: its sources' imports (siblings and the standard
-    library excluded) plus the framework its `framework` parameter selects."""
+    library excluded) plus the framework its `framework` parameter selects. A source that does not parse raises
+    SyntaxError naming it."""
     siblings = {Path(name).stem for name in sources}
-    modules = set().union(*(module_imports(s) for s in sources.values())) if sources else set()
+    modules: set[str] = set()
+    for name, source in sources.items():
+        try:
+            modules |= module_imports(source)
+        except SyntaxError as e:
+            e.filename = name
+            raise
     if parameters.get("framework") in RUNNER_MODULES:  # the framework runner imports its library lazily
         modules.add(RUNNER_MODULES[parameters["framework"]])
     if parameters.get("artifact", "").endswith(".dali"):  # the portable DALI runner
@@ -142,9 +149,12 @@ def add_command(subparsers) -> None:
 
 def cmd_env(args) -> int:
     python = args.python or container_python(args.container)
+    wanted = args.names or ["text", "openvino", "onnx"]
+    for names in wanted:  # a misspelt name is said before anything is written
+        EnvSpec.load(tuple(names.split("+")))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for names in args.names or ["text", "openvino", "onnx"]:
+    for names in wanted:
         env = cached_env(ArtifactCache(Path(args.cache)), tuple(names.split("+")), python, args.method)
         for source in (env.path, env.path.with_suffix("").with_suffix(".json")):
             shutil.copyfile(source, out / source.name)

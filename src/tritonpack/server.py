@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import socket
@@ -27,6 +28,7 @@ from tritonpack import proc
 from tritonpack.children import start_child
 from tritonpack.errors import ServerError
 
+LOG_ERROR = re.compile(r"E\d{4} [\d:.]+ +\d+ [^\]]*\] (.*)")  # glog's error lines, as tritonserver writes them
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"  # of the local python stub (this interpreter)
 
 
@@ -72,6 +74,18 @@ def prepare_backend_directory(cache: Path | None = None) -> Path:
 
 
 LOCAL_BACKENDS = frozenset({"python", "ensemble"})  # what the bundled tritonserver runs
+# The python backend starts each stub through `bash -c` with the model's path unquoted: these break it
+SHELL_SPECIAL = frozenset(" \t\n'\"\\$`;&|<>()*?[]{}!")
+
+
+def stub_path_problem(path: Path) -> str | None:
+    """Why Triton's python backend could not start a stub for a model under `path`, or None."""
+    special = sorted(set(str(Path(path).resolve())) & SHELL_SPECIAL)
+    if not special:
+        return None
+    shown = " ".join(repr(c) for c in special)
+    return (f"its path holds {shown}, which Triton's python backend passes unquoted to a shell when it starts a "
+            f"model's stub (the stub fails and the model never loads): use a path without them")
 
 
 def native_backends(repository: Path) -> tuple[list[str], bool]:
@@ -207,8 +221,9 @@ class TritonServer:
         try:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
-                    raise ServerError(f"tritonserver exited with {self.process.returncode} before it was ready; "
-                                      f"log: {self.log_path}\n{self.log_tail()}")
+                    error = self.last_error()
+                    raise ServerError(f"tritonserver exited with {self.process.returncode} before it was ready"
+                                      f"{': ' + error if error else ''}; log: {self.log_path}\n{self.log_tail()}")
                 if probe():
                     self.stub_models()
                     return
@@ -219,6 +234,19 @@ class TritonServer:
             self.keep_log = True
             self.stop()
             raise
+
+    def last_error(self) -> str:
+        """The message of the last error line in the log (`E1126 15:33:19.39 6979 main.cc:270] "…"`) up to its
+        first escaped newline (a Python traceback follows there), or ''."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        for line in reversed(lines):
+            match = LOG_ERROR.match(line)
+            if match:
+                return match.group(1).split("\\n")[0].strip().strip('"').strip()
+        return ""
 
     def log_tail(self, lines: int = 30) -> str:
         try:

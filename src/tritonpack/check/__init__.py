@@ -37,7 +37,8 @@ def check(path: Path, limits: ArchiveLimits | None = None, python: str | None = 
         if problems:  # unsafe archives are not looked at any further
             return CheckReport(str(path), problems)
     else:
-        return CheckReport(str(path), [Problem(str(path), "path", "no such file or folder")])
+        what = "not a regular file or folder" if path.exists() else "no such file or folder"
+        return CheckReport(str(path), [Problem(str(path), "path", what)])
     report = check_tree(tree, path.name, python=python, container=container, server_has=server_has)
     report.path = str(path)
     report.problems[:0] = problems

@@ -5,16 +5,18 @@ They work on a `Tree` (read from a folder or a tarball's stream) and never open 
 
 from __future__ import annotations
 
+import difflib
 import json
 import posixpath
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from google.protobuf import text_format
 
 from tritonpack.archive import Problem
-from tritonpack.backends import ENV_PARAMETER, LOADED_FILES, MODEL_DIR_VAR
+from tritonpack.backends import ENV_PARAMETER, LOADED_FILES, MODEL_DIR_VAR, PLATFORMS
 from tritonpack.check.tree import Tree
 from tritonpack.containers import container_python, stub_needs_numpy1
 from tritonpack.spec import config_parameters, parse_config
@@ -37,6 +39,11 @@ class CheckReport:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+# How Triton's SageMaker front-end finds a tarball's ensemble: a search of each config's text, not its parse (a
+# single-quoted or spaced spelling parses as the same config, and the front-end then loads another model)
+SAGEMAKER_ENSEMBLE = re.compile(r'platform:\s*"ensemble"')
 
 
 def _parse(tree: Tree, name: str) -> tuple[object | None, Problem | None]:
@@ -120,6 +127,10 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
     versions = {cfg.name or folder: {int(v) for v in tree.children(folder)[0] if v.isdigit()}
                 for folder, cfg in configs.items()}
     for name in ensembles:
+        if not SAGEMAKER_ENSEMBLE.search(tree.texts[f"{name}/config.pbtxt"].decode()):
+            problems.append(Problem(f"{name}/config.pbtxt", "platform", 'SageMaker\'s front-end finds the ensemble by '
+                                    'the text platform: "ensemble" (double quotes, no space before the colon) and '
+                                    'would serve another model of the tarball: write it so'))
         for where, reason in wiring_problems(configs[name], by_name, versions):
             problems.append(Problem(f"{name}/config.pbtxt", where, reason))
         used = {step.model_name for step in configs[name].ensemble_scheduling.step}
@@ -181,6 +192,13 @@ def _config_problems(tree: Tree, folder: str, cfg) -> list[Problem]:
     config_path = f"{folder}/config.pbtxt"
     problems = []
     is_ensemble = cfg.platform == "ensemble"
+    if cfg.max_batch_size < 0:
+        problems.append(Problem(config_path, "max_batch_size", f"{cfg.max_batch_size}: must be 0 (no batching) or "
+                                                               f"more"))
+    if cfg.platform and cfg.platform not in PLATFORMS:
+        problems.append(Problem(config_path, "platform", f"{cfg.platform!r} is not a platform Triton knows "
+                                                         f"({', '.join(sorted(PLATFORMS))}); a backend goes in "
+                                                         f"`backend`"))
     for kind, tensors in (("input", cfg.input), ("output", cfg.output)):
         for tensor in tensors:
             where = f"{kind}[{tensor.name}].dims"
@@ -232,6 +250,11 @@ def _model_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: 
     if kind == "ensemble":
         return problems  # its version folder is legitimately empty
     expected = (cfg.default_model_filename,) if cfg.default_model_filename else LOADED_FILES.get(kind)
+    if cfg.backend and cfg.backend not in LOADED_FILES and (
+            close := difflib.get_close_matches(cfg.backend, [k for k in LOADED_FILES if k not in PLATFORMS], n=1)):
+        problems.append(Problem(config_path, "backend", f"{cfg.backend!r} is not a backend of the Triton "
+                                                        f"container; did you mean {close[0]!r}?"))
+        return problems
     runner_files = _runner_files(cfg) if cfg.backend == "python" else {}
     for version in versions:
         vdir = f"{folder}/{version}"
@@ -308,6 +331,17 @@ def env_member(folder: str, value: str) -> str | None:
     return resolved
 
 
+def _syntax_problems(error: SyntaxError, target: StubTarget, warnings: list[Problem]) -> list[Problem]:
+    """A python model's source this interpreter cannot parse: Triton would fail to import it, unless the stub's Python
+    is newer than this one (new syntax), where its imports go unchecked."""
+    where, here = f"line {error.lineno}", f"{sys.version_info.major}.{sys.version_info.minor}"
+    if target.python is not None and tuple(map(int, target.python.split("."))) > sys.version_info[:2]:
+        warnings.append(Problem(error.filename, where, f"{error.msg}: not valid Python {here}, so its imports were "
+                                                       f"not checked (the stub runs Python {target.python})"))
+        return []
+    return [Problem(error.filename, where, f"{error.msg}: Triton's python backend cannot import it")]
+
+
 def _env_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: list[Problem],
                   no_env_fix: str | None, server_has: Callable[[str], bool]) -> list[Problem]:
     config_path = f"{folder}/config.pbtxt"
@@ -315,7 +349,10 @@ def _env_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: li
     from tritonpack.env import required_modules
 
     sources = {n: t for n, t in tree.texts.items() if n.startswith(folder + "/") and n.endswith(".py")}
-    needs = required_modules(sources, config_parameters(cfg))
+    try:
+        needs = required_modules(sources, config_parameters(cfg))
+    except SyntaxError as e:
+        return _syntax_problems(e, target, warnings)
     if ENV_PARAMETER not in cfg.parameters:
         needs = {module for module in needs if not server_has(module)}
         if not needs:

@@ -85,6 +85,7 @@ class SageMakerTriton:
     # the container's, as an endpoint's model sets it
     environment: Mapping[str, str] = field(default_factory=lambda: dict(CONTAINER_ENVIRONMENT))
     timeout_s: float = 600.0
+    invoke_timeout_s: float = 600.0  # how long an invocation's thread waits for Triton's answer
     server: TritonServer | None = None
     starts: int = 0
 
@@ -159,7 +160,7 @@ class SageMakerTriton:
 
     def invoke(self, model_hash: str, target: str, body: bytes, content_type: str | None) -> Reply:
         headers = {TARGET_HEADER: target.encode(), "Content-Type": content_type or "application/json"}
-        return self.request("POST", f"/models/{model_hash}/invoke", body, headers)
+        return self.request("POST", f"/models/{model_hash}/invoke", body, headers, timeout=self.invoke_timeout_s)
 
     def __enter__(self) -> SageMakerTriton:
         return self.start()

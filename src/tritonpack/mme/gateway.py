@@ -5,15 +5,15 @@ chunking, oversized headers: 400 before any handler runs) and counts body bytes 
 chunked or not). The gateway adds 411 for a body without a length, 405 with `Allow` for a wrong method, and reads
 headers as UTF-8, as boto3 sends a non-ASCII TargetModel, 400 for a body that does not decode as its
 Content-Encoding says, and 408 for a body that does not arrive in time; a connection that sends no request is closed
-after `IDLE_CONNECTION_S`. Invocations run in a thread pool (the manager blocks on Triton), at most
-`MAX_CALLS_PER_TARGET` of one target at a time, so a slow or hung target cannot hold every thread; probes run in
+after `IDLE_CONNECTION_S`. Invocations run in a thread pool (the manager blocks on Triton) that slow or hung targets
+cannot fill (`InvokeThreads`), and are answered within SageMaker's `INVOCATION_S`: a target still loading then gets
+429 ModelNotReadyException while its load goes on, a loaded one that has not answered 424 ModelError. Probes run in
 another pool, so `/ping` stays quick under load. `drain` is the graceful half of stopping.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import re
@@ -32,8 +32,10 @@ log = logging.getLogger("tritonpack.mme")
 ENDPOINT_NAME = re.compile(r"[A-Za-z0-9](?:-*[A-Za-z0-9]){0,62}")
 INVOKE_THREADS = 64
 MAX_CALLS_PER_TARGET = INVOKE_THREADS // 4
+RESERVED_THREADS = INVOKE_THREADS // 4  # free to targets with no call running: the busy ones share the rest
 DRAIN_GRACE_S = 1.0
-BODY_READ_S = 60.0  # SageMaker's own limit on an invocation
+INVOCATION_S = 60.0  # SageMaker answers an invocation within this, loading the target included
+BODY_READ_S = INVOCATION_S
 IDLE_CONNECTION_S = 75.0  # aiohttp's default keeps a connection that never sends a whole request for an hour
 LINGER_S = 2.0  # how long an unread request body (past the limit) is read and dropped before the connection closes
 
@@ -53,15 +55,16 @@ def request_problem(body: bytes, content_type: str | None) -> str | None:
 MODEL_STATUS = web.ResponseKey("model_status", int)  # what the 4XX/5XX metrics count, as CloudWatch's do
 
 
-def error_response(code: str, message: str, status: int, problems: list | None = None, original: int | None = None,
+def error_response(code: str, message: str, status: int, problems: list | None = None, original: Reply | None = None,
                    retry_after: float | None = None) -> web.Response:
-    """A SageMaker-runtime-style error: botocore reads the code from x-amzn-ErrorType and `message` from the body."""
+    """A SageMaker-runtime-style error: botocore reads the code from x-amzn-ErrorType and `message` from the body;
+    the container's own answer, when there is one, goes beside it as SageMaker passes it on."""
     data = {"ErrorCode": code, "message": message, "Message": message}
     if problems:
         data["problems"] = [str(p) for p in problems]
         data["message"] = data["Message"] = message + ": " + "; ".join(str(p) for p in problems)
     if original is not None:
-        data.update(OriginalStatusCode=original, OriginalMessage=message)
+        data.update(OriginalStatusCode=original.status, OriginalMessage=original.body.decode(errors="replace"))
     headers = {"x-amzn-ErrorType": code}
     if retry_after is not None:
         headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
@@ -79,33 +82,47 @@ class OneLineBadRequests(logging.Filter):
         return True
 
 
-class PerTargetLimit:
-    """At most `limit` calls of one target at a time; the others wait in the event loop, holding no thread."""
+class InvokeThreads:
+    """Admission to the invocation threads, in the event loop: at most `per_target` calls of one target at a time,
+    and a target with a call running gets another thread only while more than `reserved` are free, so that slow or
+    hung targets together leave threads to the others. Calls that wait hold no thread; a thread counts until its
+    call ends, also when its caller was answered first (`INVOCATION_S`)."""
 
-    def __init__(self, limit: int):
-        self.limit = limit
-        self._gates: dict[str | None, tuple[asyncio.Semaphore, list[int]]] = {}  # target → (gate, [users])
+    def __init__(self, threads: int, per_target: int, reserved: int):
+        self.free, self.per_target, self.reserved = threads, per_target, reserved
+        self._running: dict[str | None, int] = {}
+        self._changed = asyncio.Condition()
 
-    @contextlib.asynccontextmanager
-    async def slot(self, target: str | None):
-        gate, users = self._gates.setdefault(target, (asyncio.Semaphore(self.limit), [0]))
-        users[0] += 1
-        try:
-            async with gate:
-                yield
-        finally:
-            users[0] -= 1
-            if not users[0]:  # every name a client sends would stay otherwise
-                del self._gates[target]
+    def _may_start(self, target: str | None) -> bool:
+        running = self._running.get(target, 0)
+        return running < self.per_target and self.free > (self.reserved if running else 0)
+
+    async def acquire(self, target: str | None) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._may_start(target))
+            self.free -= 1
+            self._running[target] = self._running.get(target, 0) + 1
+
+    def release(self, target: str | None) -> None:
+        self.free += 1
+        self._running[target] -= 1
+        if not self._running[target]:  # every name a client sends would stay otherwise
+            del self._running[target]
+        asyncio.ensure_future(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
 
 
 class Gateway:
     def __init__(self, manager: ModelManager, max_payload_bytes: int = MAX_PAYLOAD_BYTES,
-                 body_read_s: float = BODY_READ_S, idle_connection_s: float = IDLE_CONNECTION_S):
+                 body_read_s: float = BODY_READ_S, idle_connection_s: float = IDLE_CONNECTION_S,
+                 invocation_s: float = INVOCATION_S):
         self.manager, self.metrics, self.max_payload_bytes = manager, manager.metrics, max_payload_bytes
-        self.body_read_s, self.idle_connection_s = body_read_s, idle_connection_s
+        self.body_read_s, self.idle_connection_s, self.invocation_s = body_read_s, idle_connection_s, invocation_s
         self._invokers = ThreadPoolExecutor(INVOKE_THREADS, thread_name_prefix="mme-invoke")
-        self._per_target = PerTargetLimit(MAX_CALLS_PER_TARGET)
+        self._threads = InvokeThreads(INVOKE_THREADS, MAX_CALLS_PER_TARGET, RESERVED_THREADS)
         self._probes = ThreadPoolExecutor(4, thread_name_prefix="mme-probe")
         self.draining = False
         self._in_flight = 0
@@ -200,11 +217,11 @@ class Gateway:
     async def _answer(self, target: str | None, body: bytes, content_type: str | None) -> web.Response:
         work = asyncio.ensure_future(self._call(target, body, content_type))
         deadline = asyncio.ensure_future(self._deadline.wait())
-        await asyncio.wait({work, deadline}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({work, deadline}, timeout=self.invocation_s, return_when=asyncio.FIRST_COMPLETED)
         deadline.cancel()
-        if not work.done():  # the drain deadline passed: the call's late result is dropped
+        if not work.done():  # the call's late result is dropped; its thread ends it
             work.cancel()
-            return self._shutting_down()
+            return self._shutting_down() if self._deadline.is_set() else self._timed_out(target)
         try:
             reply = work.result()
         except TargetError as e:
@@ -213,19 +230,35 @@ class Gateway:
             log.exception("invocation of %s failed", target)
             return error_response("InternalFailure", f"{type(e).__name__}: {e}", 500)
         if reply.status == INSUFFICIENT_STORAGE:  # Triton is out of memory and no idle target could be unloaded
-            return error_response("ModelError", f"{target}: {reply.message}", reply.status, original=reply.status)
+            return error_response("ModelError", f"{target}: {reply.message}", reply.status, original=reply)
         if reply.status != 200:  # as SageMaker answers a model's error: 424, the model's own status beside it
             kind = "client" if reply.status < 500 else "server"
             response = error_response("ModelError", f"Received {kind} error ({reply.status}) from model {target!r} "
-                                                    f"with message \"{reply.message}\"", 424, original=reply.status)
+                                                    f"with message \"{reply.message}\"", 424, original=reply)
             response[MODEL_STATUS] = reply.status
             return response
         return web.Response(body=reply.body, headers={"Content-Type": reply.content_type,
                                                       "x-Amzn-Invoked-Production-Variant": "AllTraffic"})
 
     async def _call(self, target: str | None, body: bytes, content_type: str | None) -> Reply:
-        async with self._per_target.slot(target):
-            return await asyncio.wrap_future(self._invokers.submit(self._invoke, target, body, content_type))
+        await self._threads.acquire(target)
+        try:
+            work = asyncio.wrap_future(self._invokers.submit(self._invoke, target, body, content_type))
+        except BaseException:
+            self._threads.release(target)
+            raise
+        work.add_done_callback(lambda _: self._threads.release(target))
+        work.add_done_callback(lambda done: done.cancelled() or done.exception())  # read, also once dropped
+        return await asyncio.shield(work)
+
+    def _timed_out(self, target: str | None) -> web.Response:
+        """SageMaker's answers to an invocation still running at `invocation_s`."""
+        if target in self.manager.loaded_targets():
+            return error_response("ModelError", f"Received server error (0) from model {target!r} with message "
+                                                f"\"no answer within {self.invocation_s:g} s, SageMaker's limit on an "
+                                                f"invocation\"", 424)
+        return error_response("ModelNotReadyException", f"{target!r} is not loaded yet after {self.invocation_s:g} s; "
+                                                         f"its load goes on: try again", 429, retry_after=5)
 
     def _invoke(self, target: str | None, body: bytes, content_type: str | None) -> Reply:
         problem = request_problem(body, content_type)  # bodies tritonserver 2.51 would answer 500 or wrongly accept

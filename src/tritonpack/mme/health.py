@@ -32,12 +32,13 @@ class FaultPolicy:
     restart_refill_s: float = 120.0
     dead_unload_timeout_s: float = 10.0  # a target whose stub died must unload within this, else a restart
     slot_wait_s: float = 60.0  # how long a first call waits for a model slot while every loaded target is busy
+    load_refusal_s: float = 30.0  # a tarball Triton would not load is answered with that failure, not loaded again
 
     def __post_init__(self) -> None:
         if self.crashes_to_quarantine < 1 or self.restarts < 0:
             raise ValueError("crashes_to_quarantine must be at least 1 and restarts at least 0")
         if min(self.crash_window_s, self.quarantine_s, self.restart_refill_s, self.dead_unload_timeout_s,
-               self.slot_wait_s) <= 0:
+               self.slot_wait_s, self.load_refusal_s) <= 0:
             raise ValueError("fault policy durations must be positive")
 
 
@@ -60,6 +61,11 @@ class RestartBudget:
             return False
         self._tokens -= 1
         return True
+
+    def refund(self) -> None:
+        """Give back the restart just taken (it did not happen)."""
+        self._refill()
+        self._tokens = min(self.capacity, self._tokens + 1)
 
     def wait_s(self) -> float:
         """Seconds until the next restart is available (0 if one is now)."""

@@ -12,9 +12,9 @@ from pathlib import Path
 from aiohttp import web
 
 from tritonpack.containers import CONTAINER_ENVIRONMENT
-from tritonpack.errors import ServerError
+from tritonpack.errors import ServerError, UserError
 from tritonpack.mme.container import SageMakerTriton
-from tritonpack.mme.gateway import Gateway
+from tritonpack.mme.gateway import INVOCATION_S, Gateway
 from tritonpack.mme.health import FaultPolicy
 from tritonpack.mme.manager import ModelManager
 from tritonpack.mme.metrics import Metrics
@@ -23,6 +23,8 @@ from tritonpack.mme.sources import open_source
 from tritonpack.mme.store import DiskCache, TargetStore
 
 LISTEN_BACKLOG = 1024
+# A call answered at the invocation limit keeps its thread until Triton answers; it stops waiting this much later
+ABANDONED_CALL_S = 5.0
 
 
 @dataclass
@@ -38,20 +40,24 @@ class LocalMME:
     triton_log: Path | None = None  # kept after stop; by default the log goes with the working folder
     policy: FaultPolicy | None = None
     drain_s: float = 30.0  # how long stop() lets calls in flight finish
+    invocation_s: float = INVOCATION_S  # an invocation is answered within this, as SageMaker answers it
     # the container environment, as an endpoint's model sets it
     environment: Mapping[str, str] = field(default_factory=lambda: dict(CONTAINER_ENVIRONMENT))
 
     def __post_init__(self) -> None:
-        from tritonpack.server import PYTHON_VERSION
+        from tritonpack.server import PYTHON_VERSION, stub_path_problem
 
         self.source = open_source(self.models, self.s3_endpoint_url)
         cache_dir = self.cache_dir or Path.home() / ".cache" / "tritonpack" / "mme"
+        if problem := stub_path_problem(cache_dir):  # Triton loads the targets from there
+            raise UserError(f"--cache-dir {cache_dir}: {problem}")
         self.cache = DiskCache(Path(cache_dir), self.cache_bytes)
-        self.triton = SageMakerTriton(log_path=self.triton_log, environment=self.environment)
+        self.triton = SageMakerTriton(log_path=self.triton_log, environment=self.environment,
+                                      invoke_timeout_s=self.invocation_s + ABANDONED_CALL_S)
         metrics = Metrics()
         store = TargetStore(self.source, self.cache, metrics, python=PYTHON_VERSION)
         self.manager = ModelManager(store, self.triton, self.max_models, metrics, self.policy)
-        self.gateway = Gateway(self.manager, self.max_payload_bytes)
+        self.gateway = Gateway(self.manager, self.max_payload_bytes, invocation_s=self.invocation_s)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None

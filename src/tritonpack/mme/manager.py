@@ -171,10 +171,12 @@ class ModelManager:
             return TargetError(503, f"Triton still holds an earlier load of {target!r}: {reply.message}",
                                retry_after=1)
         hint = "; a disk is full: free space there" if NO_DISK_SPACE.search(reply.message) else ""
+        refused = reply.status == 400  # most likely the model's own fault: not loaded again for a while
+        again = f" (not loaded again for {self.policy.load_refusal_s:g} s unless the tarball changes)" if refused else ""
         error = TargetError(reply.status if 400 <= reply.status < 600 else 502,
-                            f"Triton could not load {target!r}: {reply.message}{hint}")
-        if reply.status == 400:  # the model's own fault: the same answer until the tarball changes
-            self.store.refuse(slot.prepared, error)
+                            f"Triton could not load {target!r}{again}: {reply.message}{hint}")
+        if refused:
+            self.store.refuse(slot.prepared, error, self.policy.load_refusal_s)
         return error
 
     def _send(self, slot: Slot, request: Callable[[], Reply]) -> Reply | None:
@@ -248,8 +250,10 @@ class ModelManager:
         return self.slots.loaded_targets()
 
     def ready(self) -> bool:
-        """For /ping: tritonserver is up and answering, and the gateway is not shutting down."""
-        return not self.recovery.stopping and self.container.alive() and self.container.ping()
+        """For /ping: tritonserver is up and answering, not in the middle of a (re)start, and the gateway is not
+        shutting down."""
+        return not self.recovery.stopping and not self.recovery.restarting and self.container.alive() \
+            and self.container.ping()
 
     def start(self) -> ModelManager:
         self.recovery.start()

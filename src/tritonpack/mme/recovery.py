@@ -25,6 +25,9 @@ T = TypeVar("T")
 WATCH_INTERVAL_S = 0.5
 DYING_S = 1.0
 REQUESTS_END_S = 10.0  # a request to a stopped server fails at once; this only bounds the wait
+# Waits after the 1st, 2nd, ... start in a row that failed (a port taken, no memory): the restart budget bounds
+# servers that start and die, so a start that never got ready gives its restart back and waits this instead
+START_RETRY_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 
 
 class RetryReason(Enum):
@@ -57,6 +60,7 @@ class Recovery:
         self._planned_stop = 0  # start number of the last server the gateway stopped on purpose
         self._charged = 0  # start number of the last dead server whose death was charged to its targets
         self._previous_suspects: set[str] = set()
+        self._failed_starts, self._next_start, self._start_failure = 0, 0.0, ""
         self._done = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="mme-watchdog", daemon=True)
 
@@ -78,7 +82,7 @@ class Recovery:
             except TargetError as restart:
                 state = restart.message
             raise TargetError(503, f"tritonserver exited with {self.last_exit} during the call; {state}",
-                              retry_after=1 if self.container.alive() else self.budget.wait_s()) from e
+                              retry_after=1 if self.container.alive() else self._restart_wait_s()) from e
 
     def _still_running(self, generation: int) -> bool:
         """Whether server start `generation` is still up; a dying one closes its sockets before it exits, so it
@@ -124,6 +128,10 @@ class Recovery:
     def _restart(self, why: str, planned: bool) -> None:
         if self.stopping:
             raise TargetError(503, f"{why}; the local MME is shutting down", retry_after=5)
+        wait = self._next_start - time.monotonic()
+        if wait > 0:
+            raise TargetError(503, f"{why}; tritonserver did not start ({self._start_failure}); next try in "
+                                   f"{wait:.0f} s", retry_after=wait)
         if not self.budget.take():
             wait = self.budget.wait_s()
             raise TargetError(503, f"{why}; tritonserver is not restarted for {wait:.0f} s more: its restart budget "
@@ -141,7 +149,22 @@ class Recovery:
                             REQUESTS_END_S)
             self.container.start()
         except Exception as e:  # noqa: BLE001 - reported to the caller as the reason
-            raise TargetError(503, f"{why}; restarting tritonserver failed: {e}", retry_after=5) from e
+            self.budget.refund()
+            self._failed_starts += 1
+            delay = START_RETRY_S[min(self._failed_starts, len(START_RETRY_S)) - 1]
+            self._next_start = time.monotonic() + delay
+            self._start_failure = (str(e).splitlines() or [type(e).__name__])[0]  # the log's tail stays in the log
+            log.warning("tritonserver did not start: %s; next try in %g s", self._start_failure, delay)
+            raise TargetError(503, f"{why}; restarting tritonserver failed: {self._start_failure}",
+                              retry_after=delay) from e
+        self._failed_starts = 0
+
+    @property
+    def restarting(self) -> bool:
+        return self._lock.locked()
+
+    def _restart_wait_s(self) -> float:
+        return max(self.budget.wait_s(), self._next_start - time.monotonic(), 1.0)
 
     def start(self) -> None:
         self._watchdog.start()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 import shutil
 import tempfile
 import threading
@@ -24,6 +26,8 @@ from tritonpack.mme.sources import TargetError, target_hash
 
 log = logging.getLogger("tritonpack.mme")
 INSUFFICIENT_STORAGE = 507
+# What the cache writes besides its entries' folders: `<hash>` (`sources.target_hash`) and `.download-<8 of it>-…`
+LEFT_BEHIND = re.compile(r"[0-9a-f]{32}|\.download-[0-9a-f]{8}-\w+")
 
 
 @dataclass
@@ -61,15 +65,25 @@ class DiskCache:
                             f"write") from None
         self._lock = threading.Lock()
         self.entries: dict[str, CacheEntry] = {}
-        for meta in self.root.glob("*/source.json"):
-            try:
-                data = json.loads(meta.read_text())
-                entry = CacheEntry(data["target"], data["version"], int(data["bytes"]), meta.stat().st_mtime)
-            except (OSError, ValueError, KeyError):
-                shutil.rmtree(meta.parent, ignore_errors=True)
-                continue
-            if entry.hash == meta.parent.name and (meta.parent / "model").is_dir():
+        for folder in self.root.iterdir():
+            entry = self._recorded(folder)
+            if entry is not None:
                 self.entries[entry.target] = entry
+            elif LEFT_BEHIND.fullmatch(folder.name) and folder.is_dir() and not folder.is_symlink():
+                # a download or an extraction that a killed run cut short: counted by nothing, so removed
+                log.info("removing %s, left in the cache by an earlier run", folder)
+                shutil.rmtree(folder, ignore_errors=True)
+
+    @staticmethod
+    def _recorded(folder: Path) -> CacheEntry | None:
+        """The entry `folder` holds when its `source.json` names its target and its `model` folder is there."""
+        meta = folder / "source.json"
+        try:
+            data = json.loads(meta.read_text())
+            entry = CacheEntry(data["target"], data["version"], int(data["bytes"]), meta.stat().st_mtime)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return entry if entry.hash == folder.name and (folder / "model").is_dir() else None
 
     def model_dir(self, target: str) -> Path:
         return self.root / target_hash(target) / "model"
@@ -166,8 +180,9 @@ def serve_without_foreign_environments(model_dir: Path, report, python: str | No
 
 
 class TargetStore:
-    """Makes each target's extracted folder once per tarball version. A tarball `tritonpack check` refuses, or one
-    Triton would not load, gets the same answer until it changes (its size, mtime or ETag)."""
+    """Makes each target's extracted folder once per tarball version. A tarball `tritonpack check` refuses gets the
+    same answer until it changes (its size, mtime or ETag); one Triton would not load, until it changes or for the
+    time the refusal names (a load may fail for a cause that passes)."""
 
     def __init__(self, source, cache: DiskCache, metrics: Metrics | None = None, python: str | None = None,
                  limits=None):
@@ -176,7 +191,7 @@ class TargetStore:
         self.python = python  # the local stub's Python: a packed env for another Python cannot run here
         self._lock = threading.Lock()
         self._target_locks: dict[str, threading.Lock] = {}
-        self._refused: dict[str, tuple[str, TargetError]] = {}
+        self._refused: dict[str, tuple[str, TargetError, float]] = {}  # target → (version, answer, until)
 
     def prepare(self, target: str, in_use: Callable[[], Iterable[str]]) -> Prepared:
         """`target`'s extracted folder at its current version; `in_use()` names the targets Triton holds, whose
@@ -199,11 +214,13 @@ class TargetStore:
 
     def _refusal(self, target: str, version: str) -> TargetError | None:
         refused = self._refused.get(target)
-        return refused[1] if refused is not None and refused[0] == version else None
+        if refused is None or refused[0] != version or time.monotonic() >= refused[2]:
+            return None
+        return refused[1]
 
-    def refuse(self, prepared: Prepared, error: TargetError) -> None:
-        """Triton would not load `prepared`: answer `error` for it until the tarball changes."""
-        self._refused[prepared.target] = (prepared.version, error)
+    def refuse(self, prepared: Prepared, error: TargetError, for_s: float = math.inf) -> None:
+        """Answer `error` for `prepared` until the tarball changes or `for_s` seconds have passed."""
+        self._refused[prepared.target] = (prepared.version, error, time.monotonic() + for_s)
         self.cache.remove(prepared.target)
 
     def _admit(self, target: str, version: str, in_use: Callable[[], Iterable[str]]) -> Path:
@@ -221,8 +238,8 @@ class TargetStore:
             report = check(tarball, self.limits, server_has=local_python_has)
             problems = report.problems
             if problems:
-                self._refused[target] = (version, error := TargetError(400, f"{target} is not deployable",
-                                                                       [str(p) for p in problems]))
+                error = TargetError(400, f"{target} is not deployable", [str(p) for p in problems])
+                self._refused[target] = (version, error, math.inf)
                 raise error
             try:
                 model_dir = self._with_room(target, in_use, "extracting",

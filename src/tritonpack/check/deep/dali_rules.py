@@ -94,7 +94,8 @@ def serialized_from_source(model: DeepModel, out: Findings) -> bytes | None:
                                    f"{len(functions) or 'none'}.")
             return None
         return functions[0](device_id=None).serialize()
-    except Exception as e:  # noqa: BLE001 - anything the user's pipeline source raises fails the backend's load
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - what the pipeline source raises fails the backend's load
+        # (an exit too: it would end the check, unreported, with the source's exit status)
         out.load_fails("file", f"autoserializing the pipeline fails: {type(e).__name__}: {error_text(e)}")
         return None
     finally:
