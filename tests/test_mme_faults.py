@@ -146,8 +146,8 @@ def test_local_mme_loads_a_target_again_when_its_load_refusal_ends_and_the_fault
 
     fault = tmp_path / "fault"
     fault.touch()
-    python_model_tarball(models_dir / "passing.tar.gz", "passing",
-                         at_import=f"import os\nif os.path.exists({str(fault)!r}): raise RuntimeError('a passing fault')")
+    trips = f"import os\nif os.path.exists({str(fault)!r}): raise RuntimeError('a passing fault')"
+    python_model_tarball(models_dir / "passing.tar.gz", "passing", at_import=trips)
     monkeypatch.setattr(mme.manager, "policy", dataclasses.replace(mme.manager.policy, load_refusal_s=3.0))
     before = metrics(mme)
     answer = invoke(mme, "passing.tar.gz")

@@ -172,7 +172,8 @@ class ModelManager:
                                retry_after=1)
         hint = "; a disk is full: free space there" if NO_DISK_SPACE.search(reply.message) else ""
         refused = reply.status == 400  # most likely the model's own fault: not loaded again for a while
-        again = f" (not loaded again for {self.policy.load_refusal_s:g} s unless the tarball changes)" if refused else ""
+        again = f" (not loaded again for {self.policy.load_refusal_s:g} s unless the tarball changes)" \
+            if refused else ""
         error = TargetError(reply.status if 400 <= reply.status < 600 else 502,
                             f"Triton could not load {target!r}{again}: {reply.message}{hint}")
         if refused:
