@@ -78,7 +78,38 @@ def test_upload_says_in_one_line_what_s3_answered_when_the_bucket_does_not_exist
     code = cli.main(["upload", str(tarball), "s3://no-such-bucket/mme/", "--endpoint-url", moto_server, "--quiet"])
     assert code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith("error: upload: Failed to upload") and "NoSuchBucket" in line
+    assert line.startswith("error: upload: ") and "NoSuchBucket" in line
+
+
+def test_upload_refuses_to_replace_what_an_endpoint_may_have_loaded_unless_told(moto_server, s3, bucket, tarball,
+                                                                                 capsys):
+    """AWS: an MME instance that loaded an object keeps serving its old bytes under that name; re-uploading a
+    rebuilt tarball over its copies gave instances that answer with different models."""
+    upload = ["upload", str(tarball), f"s3://{bucket}/live/", "--copies", "3", "--endpoint-url", moto_server,
+              "--quiet"]
+    assert cli.main(upload) == 0
+    first = s3.get_object(Bucket=bucket, Key="live/bert-portable-2.tar.gz")["Body"].read()
+    tarball.write_bytes(os.urandom(3000))  # rebuilt
+    assert cli.main(upload) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: s3://{bucket}/live/bert-portable-0.tar.gz (and 2 more) exists: an endpoint may have loaded it, and "
+        f"would go on serving the old bytes under that name; upload under a new file name or prefix, or pass "
+        f"--overwrite")
+    assert s3.get_object(Bucket=bucket, Key="live/bert-portable-2.tar.gz")["Body"].read() == first
+    assert cli.main(upload + ["--overwrite"]) == 0
+    assert s3.get_object(Bucket=bucket, Key="live/bert-portable-2.tar.gz")["Body"].read() == tarball.read_bytes()
+
+
+def test_upload_refuses_two_tarballs_that_would_land_on_one_key(moto_server, s3, bucket, tarball, tmp_path, capsys):
+    """The second replaced the first, and the count said two objects."""
+    other = tmp_path / "b" / tarball.name
+    other.parent.mkdir()
+    other.write_bytes(b"B" * 100)
+    assert cli.main(["upload", str(tarball), str(other), f"s3://{bucket}/mme/", "--endpoint-url", moto_server]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: {tarball} and {other} would both be uploaded as "
+                                               f"s3://{bucket}/mme/bert-portable.tar.gz: give them different file "
+                                               f"names")
+    assert keys(s3, bucket) == []
 
 
 @pytest.mark.parametrize("option", ["--copies", "--threads"])
@@ -130,6 +161,53 @@ def test_deploy_creates_multimodel_endpoint_and_scaling_when_run_against_moto(mo
     assert (target["MinCapacity"], target["MaxCapacity"]) == (1, 4)
     for line in ("create_model: arn:", "create_endpoint_config: arn:", "create_endpoint: arn:", "put_scaling_policy"):
         assert line in out
+
+
+def test_deploy_undoes_what_it_created_when_a_later_call_fails_so_that_it_can_run_again(moto_server, capsys):
+    """A refused endpoint config left the model behind, and running the deploy again met a model that exists."""
+    sm = boto3.client("sagemaker", endpoint_url=moto_server, region_name="us-east-1")
+    assert cli.main(deploy_args("undo-ep", "--instance-type", "ml.not-a-type", "--endpoint-url", moto_server)) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: sagemaker.create_endpoint_config: refused: ") and \
+        line.endswith("; undone: delete_model undo-ep-model"), line
+    assert not [m for m in sm.list_models()["Models"] if m["ModelName"] == "undo-ep-model"]
+    assert cli.main(deploy_args("undo-ep", "--instance-type", "ml.g4dn.xlarge", "--endpoint-url", moto_server)) == 0
+    assert sm.describe_endpoint(EndpointName="undo-ep")["EndpointConfigName"] == "undo-ep-config"
+
+
+@pytest.mark.parametrize(("instance_type", "metric", "target"), [
+    ("ml.g4dn.xlarge", "GPUUtilization", 60.0),
+    ("ml.g5.12xlarge", "GPUUtilization", 240.0),  # GPUUtilization sums 4 GPUs: 60 % each
+    ("ml.c5.2xlarge", "SageMakerVariantInvocationsPerInstance", 1000.0),  # no GPU: no GPUUtilization either
+])
+def test_deploy_plan_tracks_gpu_utilization_per_gpu_and_invocations_where_there_is_no_gpu(instance_type, metric,
+                                                                                           target):
+    spec = aws.DeploySpec("x", "s3://b/p/", ROLE, "us-east-1", instance_type=instance_type, max_instances=2)
+    tracking = aws.deploy_plan(spec)[-1].params["TargetTrackingScalingPolicyConfiguration"]
+    assert metric in str(tracking) and tracking["TargetValue"] == target
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    (["--scaling-metric", "gpu", "--instance-type", "ml.c5.2xlarge", "--max-instances", "2"],
+     "error: --scaling-metric gpu: ml.c5.2xlarge has no GPU, so GPUUtilization is never emitted; use "
+     "--scaling-metric invocations"),
+    (["--triton-version", "23.02"], "error: --triton-version 23.02: the SageMaker Triton containers before 23.07 "
+                                    "ignore SAGEMAKER_TRITON_ADDITIONAL_ARGS"),
+    (["--instance-count", "6", "--max-instances", "4"], "error: --instance-count 6 is outside --min-instances 1 .. "
+                                                        "--max-instances 4"),
+])
+def test_deploy_refuses_in_one_line_what_the_endpoint_would_silently_get_wrong(extra, said, capsys):
+    assert cli.main(deploy_args("x", *extra, "--dry-run")) == 2
+    assert capsys.readouterr().err.startswith(said)
+
+
+def test_deploy_says_in_one_line_that_a_named_profile_does_not_exist(monkeypatch, capsys):
+    """botocore's ProfileNotFound was a traceback, even with --dry-run."""
+    monkeypatch.setenv("AWS_PROFILE", "no-such-profile")
+    args = deploy_args("x", "--dry-run")
+    del args[args.index("--region"):args.index("--region") + 2]  # the region comes from the session
+    assert cli.main(args) == 2
+    assert "error: deploy: The config profile (no-such-profile) could not be found" in capsys.readouterr().err
 
 
 def test_deploy_prints_calls_and_creates_nothing_when_dry_run(moto_server, capsys):

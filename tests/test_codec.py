@@ -132,6 +132,14 @@ def test_payload_builders_raise_when_input_is_empty_or_format_unknown():
         payloads.text_payload(["a"], "protobuf")
 
 
+@pytest.mark.parametrize("text", [b"\xff\xfeabc", "caf\udce9"], ids=["bytes", "undecodable-argument"])
+def test_payload_builders_refuse_text_that_is_not_utf8_naming_it(text):
+    """tritonclient's own exception (bytes) and a UnicodeEncodeError traceback (a command-line argument the shell
+    gave in Latin-1, which Python holds with a surrogate) before."""
+    with pytest.raises(PayloadError, match="text 2 is not UTF-8"):
+        payloads.text_payload(["fine", text], "json")
+
+
 def test_error_message_reads_triton_and_sagemaker_error_bodies():
     assert codec.error_message(b'{"error": "boom"}') == "boom"
     assert codec.error_message(b'{"message": "nope"}') == "nope"

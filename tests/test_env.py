@@ -182,6 +182,20 @@ def test_library_sharing_links_equal_libraries_of_environments_triton_unpacked_t
     assert not [p for p in second.rglob(".*")]  # no temporary link left behind
 
 
+def test_library_sharing_leaves_no_temporary_link_when_another_stub_shared_the_file_meanwhile(tmp_path, monkeypatch):
+    """Two stubs of one environment: the other links the file to the stored copy between this one's check and its
+    rename, which then does nothing (both names are one file) and left `.<lib>.<pid>.shared` behind."""
+    files = {"lib/libbig.so.2": b"\x7fELF big library" * 100}
+    first, index = unpacked_env(tmp_path / "python_env_AbC123" / "0", files)
+    second, _ = unpacked_env(tmp_path / "python_env_AbC123" / "1", files)
+    share_libraries(first, index)
+    share_libraries(second, index)  # what the other stub did
+    monkeypatch.setattr(os.path, "samefile", lambda a, b: False)  # this stub checked before it did
+    share_libraries(second, index)
+    assert not [p for p in second.rglob(".*")]
+    assert (second / "lib" / "libbig.so.2").read_bytes() == files["lib/libbig.so.2"]
+
+
 def test_library_sharing_keeps_its_own_file_when_the_stored_one_differs_or_triton_did_not_unpack_it(tmp_path):
     first, index = unpacked_env(tmp_path / "python_env_x" / "0", {"lib/a.so": b"one size"})
     second, _ = unpacked_env(tmp_path / "python_env_x" / "1", {"lib/a.so": b"another size"})

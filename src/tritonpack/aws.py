@@ -39,6 +39,22 @@ TRITON_ACCOUNTS = {
     "us-west-1": "763104351884", "us-west-2": "763104351884",
 }
 VARIANT = "AllTraffic"
+# The first SageMaker Triton container whose serve script reads SAGEMAKER_TRITON_ADDITIONAL_ARGS (tritonpack's
+# container environment) and whose Python runs the packed environments (3.10 and later)
+OLDEST_TRITON_VERSION = "23.07"
+# GPUs of the multi-GPU SageMaker instance sizes (other ml.g*/ml.p* sizes have one): GPUUtilization is the sum
+# over an instance's GPUs, 0-100 % each, so a target per GPU is multiplied by these
+GPUS = {**{f"ml.{family}.{size}": 4 for family in ("g4dn", "g5", "g6", "g6e") for size in ("12xlarge", "24xlarge")},
+        **{f"ml.{family}.48xlarge": 8 for family in ("g5", "g6", "g6e")},
+        "ml.g4dn.metal": 8, "ml.p3.8xlarge": 4, "ml.p3.16xlarge": 8, "ml.p3dn.24xlarge": 8, "ml.p4d.24xlarge": 8,
+        "ml.p4de.24xlarge": 8, "ml.p5.48xlarge": 8, "ml.p5e.48xlarge": 8}
+
+
+def gpus(instance_type: str) -> int:
+    """GPUs of a SageMaker instance type; 0 for a CPU type."""
+    if not re.match(r"ml\.(g\d|p\d)", instance_type):
+        return 0
+    return GPUS.get(instance_type, 1)
 
 
 @contextmanager
@@ -145,6 +161,15 @@ class Progress:
             self.stream.flush()
 
 
+def existing_keys(client, bucket: str, keys: list[str]) -> list[str]:
+    """Those of `keys` that exist in `bucket`, in order (one listing per common prefix, not a request per key)."""
+    wanted, found = set(keys), set()
+    for stem in sorted({key.rsplit("-", 1)[0] if key.endswith(TAR_SUFFIX) else key for key in keys}):
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=stem):
+            found.update(item["Key"] for item in page.get("Contents", ()) if item["Key"] in wanted)
+    return [key for key in keys if key in found]
+
+
 @dataclass
 class UploadResult:
     urls: list[str]
@@ -153,11 +178,13 @@ class UploadResult:
 
 
 def upload(tarballs: Sequence[Path], destination: str, copies: int = 1, endpoint_url: str | None = None,
-           client=None, threads: int = 8, chunk_bytes: int = 16 * MIB, progress: bool = True) -> UploadResult:
+           client=None, threads: int = 8, chunk_bytes: int = 16 * MIB, progress: bool = True,
+           overwrite: bool = False) -> UploadResult:
     """Upload each tarball once (multipart above `chunk_bytes`), then make its other copies server-side.
 
     Copies are S3 CopyObject calls (multipart copy for large objects): the bytes cross the network once however
-    many copies are asked for.
+    many copies are asked for. A key that exists already is not replaced unless `overwrite`: an MME instance that
+    loaded the object under that name keeps serving its old bytes (AWS: give a changed model a new name).
     """
     import boto3
     from boto3.s3.transfer import TransferConfig
@@ -175,6 +202,19 @@ def upload(tarballs: Sequence[Path], destination: str, copies: int = 1, endpoint
     config = TransferConfig(multipart_threshold=chunk_bytes, multipart_chunksize=chunk_bytes,
                             max_concurrency=threads, use_threads=True)
     plan = [(t, copy_keys(t, prefix, copies)) for t in tarballs]
+    owners: dict[str, Path] = {}
+    for tarball, keys in plan:
+        for key in keys:
+            if owners.setdefault(key, tarball) != tarball:
+                raise UserError(f"{owners[key]} and {tarball} would both be uploaded as s3://{bucket}/{key}: give "
+                                f"them different file names")
+    if not overwrite:
+        taken = existing_keys(client, bucket, [key for _, keys in plan for key in keys])
+        if taken:
+            more = f" (and {len(taken) - 1} more)" if len(taken) > 1 else ""
+            raise UserError(f"s3://{bucket}/{taken[0]}{more} exists: an endpoint may have loaded it, and would go on "
+                            f"serving the old bytes under that name; upload under a new file name or prefix, or pass "
+                            f"--overwrite")
     total = sum(t.stat().st_size * len(keys) for t, keys in plan)
     bar = Progress(total, sum(len(keys) for _, keys in plan)) if progress else None
     started = time.monotonic()
@@ -207,7 +247,8 @@ def upload(tarballs: Sequence[Path], destination: str, copies: int = 1, endpoint
 def cmd_upload(args) -> int:
     with aws_errors("upload"):
         result = upload([Path(t) for t in args.tarballs], args.destination, copies=args.copies,
-                        endpoint_url=args.endpoint_url, threads=args.threads, progress=not args.quiet)
+                        endpoint_url=args.endpoint_url, threads=args.threads, progress=not args.quiet,
+                        overwrite=args.overwrite)
     for url in result.urls if args.list else result.urls[:3]:
         print(url)
     if not args.list and len(result.urls) > 3:
@@ -241,8 +282,9 @@ class DeploySpec:
     environment: dict = field(default_factory=dict)
     min_instances: int = 1
     max_instances: int = 0  # 0: no autoscaling
-    scaling_metric: str = "gpu"  # gpu: GPUUtilization (custom metric); invocations: InvocationsPerInstance
-    target_value: float = 0.0  # 0: 60 for GPUUtilization, 1000 for InvocationsPerInstance
+    scaling_metric: str = ""  # gpu: GPUUtilization (custom metric); invocations: InvocationsPerInstance; "": gpu on
+    # GPU instance types, invocations on others
+    target_value: float = 0.0  # 0: 60 % per GPU for GPUUtilization, 1000 for InvocationsPerInstance
     scale_in_cooldown: int = 600
     scale_out_cooldown: int = 200
 
@@ -254,14 +296,28 @@ class DeploySpec:
         if self.image is None and not re.fullmatch(r"\d\d\.\d\d", self.triton_version):
             raise UserError(f"--triton-version {self.triton_version!r}: a container release such as "
                             f"{DEFAULT_TRITON_VERSION}")
+        if self.image is None and self.triton_version < OLDEST_TRITON_VERSION:
+            raise UserError(f"--triton-version {self.triton_version}: the SageMaker Triton containers before "
+                            f"{OLDEST_TRITON_VERSION} ignore {ADDITIONAL_ARGS} and cannot run the tarballs' packed "
+                            f"environments; use {DEFAULT_TRITON_VERSION}, the release `tritonpack build` targets")
         if self.min_instances < 1:
             raise UserError("--min-instances must be at least 1")
-        if self.scaling_metric not in ("gpu", "invocations"):
+        if self.scaling_metric not in ("", "gpu", "invocations"):
             raise UserError(f"scaling metric {self.scaling_metric!r}: gpu or invocations")
+        if self.scaling_metric == "gpu" and not gpus(self.instance_type):
+            raise UserError(f"--scaling-metric gpu: {self.instance_type} has no GPU, so GPUUtilization is never "
+                            f"emitted; use --scaling-metric invocations")
         if self.max_instances and self.max_instances < self.min_instances:
             raise UserError("--max-instances must be at least --min-instances")
         if self.instance_count < 1:
             raise UserError("--instance-count must be at least 1")
+        if self.max_instances and not self.min_instances <= self.instance_count <= self.max_instances:
+            raise UserError(f"--instance-count {self.instance_count} is outside --min-instances "
+                            f"{self.min_instances} .. --max-instances {self.max_instances}")
+
+    @property
+    def metric(self) -> str:
+        return self.scaling_metric or ("gpu" if gpus(self.instance_type) else "invocations")
 
 
 def deploy_plan(spec: DeploySpec) -> list[Call]:
@@ -294,18 +350,18 @@ def deploy_plan(spec: DeploySpec) -> list[Call]:
             "ServiceNamespace": "sagemaker", "ResourceId": resource, "ScalableDimension": dimension,
             "MinCapacity": spec.min_instances, "MaxCapacity": spec.max_instances,
         }))
-        if spec.scaling_metric == "gpu":
+        if spec.metric == "gpu":
             metric = {"CustomizedMetricSpecification": {
                 "MetricName": "GPUUtilization", "Namespace": "/aws/sagemaker/Endpoints",
                 "Dimensions": [{"Name": "EndpointName", "Value": endpoint}, {"Name": "VariantName", "Value": VARIANT}],
                 "Statistic": "Average", "Unit": "Percent"}}
-            target = spec.target_value or 60.0
+            target = (spec.target_value or 60.0) * gpus(spec.instance_type)
         else:
             metric = {"PredefinedMetricSpecification": {
                 "PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"}}
             target = spec.target_value or 1000.0
         calls.append(Call("application-autoscaling", "put_scaling_policy", {
-            "PolicyName": f"{endpoint}-{'gpu-util' if spec.scaling_metric == 'gpu' else 'invocations'}-tracking",
+            "PolicyName": f"{endpoint}-{'gpu-util' if spec.metric == 'gpu' else 'invocations'}-tracking",
             "ServiceNamespace": "sagemaker", "ResourceId": resource, "ScalableDimension": dimension,
             "PolicyType": "TargetTrackingScaling",
             "TargetTrackingScalingPolicyConfiguration": {
@@ -320,20 +376,34 @@ CREATED = {"create_model": "ModelArn", "create_endpoint_config": "EndpointConfig
            "register_scalable_target": "ScalableTargetARN"}
 
 
+# How to delete what a call created: (operation, the parameters of the creating call it takes)
+UNDO = {"create_model": ("delete_model", ("ModelName",)),
+        "create_endpoint_config": ("delete_endpoint_config", ("EndpointConfigName",)),
+        "create_endpoint": ("delete_endpoint", ("EndpointName",)),
+        "register_scalable_target": ("deregister_scalable_target", ("ServiceNamespace", "ResourceId",
+                                                                    "ScalableDimension"))}
+
+
 def run_plan(calls: Sequence[Call], region: str, endpoint_url: str | None = None,
              client_factory: Callable | None = None, out=None) -> list[dict]:
-    """Make each call in order; print what each created. Stops at the first failure (boto3's error)."""
+    """Make each call in order; print what each created. At the first failure (boto3's error) what this run created
+    is deleted again, newest first, so that the same deploy can simply be run again."""
     import boto3
 
     out = out or sys.stdout
     clients: dict[str, object] = {}
-    responses = []
+    responses, done = [], []
     for call in calls:
-        if call.service not in clients:
-            clients[call.service] = (client_factory or boto3.client)(call.service, region_name=region,
-                                                                    endpoint_url=endpoint_url)
-        with aws_errors(f"{call.service}.{call.operation}"):
-            response = getattr(clients[call.service], call.operation)(**call.params)
+        try:
+            with aws_errors(f"{call.service}.{call.operation}"):
+                if call.service not in clients:
+                    clients[call.service] = (client_factory or boto3.client)(call.service, region_name=region,
+                                                                            endpoint_url=endpoint_url)
+                response = getattr(clients[call.service], call.operation)(**call.params)
+        except UserError as e:
+            undone = _undo(done, clients)
+            raise UserError(f"{e}{'; undone: ' + ', '.join(undone) if undone else ''}") from None
+        done.append(call)
         responses.append(response)
         created = response.get(CREATED.get(call.operation, ""), "")
         what = created or call.params.get("PolicyName") or call.params.get("ResourceId", "")
@@ -341,16 +411,33 @@ def run_plan(calls: Sequence[Call], region: str, endpoint_url: str | None = None
     return responses
 
 
+def _undo(done: Sequence[Call], clients: dict) -> list[str]:
+    """Delete what `done` created, newest first; what was deleted, or could not be."""
+    said = []
+    for call in reversed(done):
+        if call.operation not in UNDO:
+            continue  # a scaling policy goes with its scalable target
+        operation, keys = UNDO[call.operation]
+        params = {key: call.params[key] for key in keys}
+        try:
+            getattr(clients[call.service], operation)(**params)
+            said.append(f"{operation} {params[keys[-1] if len(keys) == 1 else 'ResourceId']}")
+        except Exception as e:  # noqa: BLE001 - reported; the user deletes it by hand
+            said.append(f"{operation} {params} FAILED ({type(e).__name__}): delete it by hand")
+    return said
+
+
 def cmd_deploy(args) -> int:
     import boto3
 
-    region = args.region or boto3.session.Session().region_name or "us-east-1"
+    with aws_errors("deploy"):  # a named profile that does not exist fails here
+        region = args.region or boto3.session.Session().region_name or "us-east-1"
     environment = parse_environment(args.env)
     spec = DeploySpec(
         name=args.name, model_data_url=args.model_data_url, role_arn=args.role, region=region,
         triton_version=args.triton_version, image=args.image, instance_type=args.instance_type,
         instance_count=args.instance_count, environment=environment, min_instances=args.min_instances,
-        max_instances=args.max_instances, scaling_metric=args.scaling_metric, target_value=args.target_value,
+        max_instances=args.max_instances, scaling_metric=args.scaling_metric or "", target_value=args.target_value,
     )
     calls = deploy_plan(spec)
     if args.dry_run:
@@ -374,6 +461,8 @@ def add_command(subparsers) -> None:
     u.add_argument("--threads", type=int, default=8, help="parallel parts and copies (default 8)")
     u.add_argument("--list", action="store_true", help="print every uploaded URL, not only the first ones")
     u.add_argument("--quiet", action="store_true", help="no progress bar")
+    u.add_argument("--overwrite", action="store_true",
+                   help="replace objects that exist already (an endpoint that loaded one keeps its old bytes)")
     u.set_defaults(func=cmd_upload)
 
     d = subparsers.add_parser("deploy", help="create a SageMaker multi-model endpoint on the Triton image",
@@ -395,10 +484,12 @@ def add_command(subparsers) -> None:
                         f"{ADDITIONAL_ARGS}=--disable-auto-complete-config (serve reads it from 23.07)")
     d.add_argument("--min-instances", type=int, default=1)
     d.add_argument("--max-instances", type=int, default=0, help="enable autoscaling up to N instances")
-    d.add_argument("--scaling-metric", choices=("gpu", "invocations"), default="gpu",
-                   help="gpu: GPUUtilization (custom metric, target 60); invocations: "
-                        "SageMakerVariantInvocationsPerInstance (target 1000)")
-    d.add_argument("--target-value", type=float, default=0.0, help="target of the tracking policy")
+    d.add_argument("--scaling-metric", choices=("gpu", "invocations"),
+                   help="gpu: GPUUtilization (custom metric, target 60 %% per GPU of the instance); invocations: "
+                        "SageMakerVariantInvocationsPerInstance (target 1000); default: gpu on GPU instance types, "
+                        "invocations on others")
+    d.add_argument("--target-value", type=float, default=0.0,
+                   help="target of the tracking policy (for gpu: per GPU, multiplied by the instance's GPUs)")
     d.add_argument("--endpoint-url", type=endpoint_url,
                    help="API endpoint for SageMaker and Application Auto Scaling (moto)")
     d.add_argument("--dry-run", action="store_true", help="print the calls, make none")

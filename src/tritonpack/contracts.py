@@ -67,7 +67,16 @@ def text_array(texts: Sequence[str | bytes]) -> np.ndarray:
     """Texts as a `TEXT` batch: BYTES elements shaped [n, 1]."""
     if not texts:
         raise PayloadError("no texts given")
-    return np.array([[t.encode() if isinstance(t, str) else bytes(t)] for t in texts], dtype=np.object_)
+    rows = []
+    for i, text in enumerate(texts):
+        try:
+            data = text.encode() if isinstance(text, str) else bytes(text)
+            data.decode()
+        except UnicodeError as e:  # a str from undecodable bytes (a surrogate), or bytes that are not UTF-8
+            raise PayloadError(f"text {i + 1} is not UTF-8 ({e.reason} at position {e.start}): TEXT carries UTF-8 "
+                               f"text") from None
+        rows.append([data])
+    return np.array(rows, dtype=np.object_)
 
 
 def image_array(images: Sequence[bytes]) -> np.ndarray:

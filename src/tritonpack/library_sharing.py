@@ -60,7 +60,9 @@ def share_libraries(env_root: Path, index: dict[str, str]) -> int:
             os.replace(temporary, own)
             shared += size
         except OSError:
-            temporary.unlink()
+            pass
+        # rename does nothing where another stub of this environment linked `own` to the same copy meanwhile
+        temporary.unlink(missing_ok=True)
     return shared
 
 
