@@ -159,7 +159,9 @@ def test_deploy_creates_multimodel_endpoint_and_scaling_when_run_against_moto(mo
     assert tracking["CustomizedMetricSpecification"]["MetricName"] == "GPUUtilization"
     (target,) = scaling.describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"]
     assert (target["MinCapacity"], target["MaxCapacity"]) == (1, 4)
-    for line in ("create_model: arn:", "create_endpoint_config: arn:", "create_endpoint: arn:", "put_scaling_policy"):
+    for line in ("create_model: arn:", "create_endpoint_config: arn:", "create_endpoint: arn:",
+                 "sagemaker: waiting until {'EndpointName': 'mme-ep'} is endpoint_in_service (minutes)",
+                 "put_scaling_policy"):
         assert line in out
 
 
@@ -215,8 +217,9 @@ def test_deploy_prints_calls_and_creates_nothing_when_dry_run(moto_server, capsy
                                 "--endpoint-url", moto_server, "--dry-run"))
     assert code == 0
     out = capsys.readouterr().out
-    assert "# dry run: 5 calls" in out
+    assert "# dry run: 6 calls" in out
     for call in ("sagemaker.create_model(", "sagemaker.create_endpoint_config(", "sagemaker.create_endpoint(",
+                 "sagemaker.wait_until_endpoint_in_service(",
                  "application-autoscaling.register_scalable_target(", "application-autoscaling.put_scaling_policy("):
         assert call in out
     assert '"Mode": "MultiModel"' in out and "SageMakerVariantInvocationsPerInstance" in out

@@ -344,6 +344,8 @@ def deploy_plan(spec: DeploySpec) -> list[Call]:
         Call("sagemaker", "create_endpoint", {"EndpointName": endpoint, "EndpointConfigName": config}),
     ]
     if spec.max_instances:
+        # AWS's own examples register the variant once the endpoint is InService (minutes after create_endpoint)
+        calls.append(Call("sagemaker", "wait_until_endpoint_in_service", {"EndpointName": endpoint}))
         resource = f"endpoint/{endpoint}/variant/{VARIANT}"
         dimension = "sagemaker:variant:DesiredInstanceCount"
         calls.append(Call("application-autoscaling", "register_scalable_target", {
@@ -376,6 +378,7 @@ CREATED = {"create_model": "ModelArn", "create_endpoint_config": "EndpointConfig
            "register_scalable_target": "ScalableTargetARN"}
 
 
+WAIT_UNTIL = "wait_until_"
 # How to delete what a call created: (operation, the parameters of the creating call it takes)
 UNDO = {"create_model": ("delete_model", ("ModelName",)),
         "create_endpoint_config": ("delete_endpoint_config", ("EndpointConfigName",)),
@@ -399,7 +402,13 @@ def run_plan(calls: Sequence[Call], region: str, endpoint_url: str | None = None
                 if call.service not in clients:
                     clients[call.service] = (client_factory or boto3.client)(call.service, region_name=region,
                                                                             endpoint_url=endpoint_url)
-                response = getattr(clients[call.service], call.operation)(**call.params)
+                client = clients[call.service]
+                if call.operation.startswith(WAIT_UNTIL):  # a boto3 waiter, not an API operation
+                    state = call.operation[len(WAIT_UNTIL):]
+                    print(f"{call.service}: waiting until {call.params} is {state} (minutes)", file=out, flush=True)
+                    client.get_waiter(state).wait(**call.params)
+                    continue
+                response = getattr(client, call.operation)(**call.params)
         except UserError as e:
             undone = _undo(done, clients)
             raise UserError(f"{e}{'; undone: ' + ', '.join(undone) if undone else ''}") from None
