@@ -132,12 +132,15 @@ def test_payload_builders_raise_when_input_is_empty_or_format_unknown():
         payloads.text_payload(["a"], "protobuf")
 
 
-@pytest.mark.parametrize("text", [b"\xff\xfeabc", "caf\udce9"], ids=["bytes", "undecodable-argument"])
-def test_payload_builders_refuse_text_that_is_not_utf8_naming_it(text):
-    """tritonclient's own exception (bytes) and a UnicodeEncodeError traceback (a command-line argument the shell
-    gave in Latin-1, which Python holds with a surrogate) before."""
-    with pytest.raises(PayloadError, match="text 2 is not UTF-8"):
-        payloads.text_payload(["fine", text], "json")
+@pytest.mark.parametrize(("text", "fmt", "said"), [
+    ("caf\udce9", "binary", "text 2 is not UTF-8"),  # a command-line argument given in Latin-1 (a surrogate)
+    (b"\xff\xfeabc", "json", "TEXT element 2 is not UTF-8"),  # JSON carries BYTES as text
+])
+def test_payload_builders_refuse_text_that_is_not_utf8_naming_it(text, fmt, said):
+    """A UnicodeEncodeError traceback and tritonclient's own exception before."""
+    with pytest.raises(PayloadError, match=said):
+        payloads.text_payload(["fine", text], fmt)
+    assert payloads.text_payload(["fine", b"\xff\xfeabc"], "binary").body  # raw bytes: the client's to send
 
 
 def test_error_message_reads_triton_and_sagemaker_error_bodies():

@@ -71,10 +71,25 @@ def request_body(arrays: Mapping[str, np.ndarray], outputs: Sequence[str], fmt: 
     if fmt not in FORMATS:
         raise PayloadError(f"unknown body format {fmt!r}; one of {', '.join(FORMATS)}")
     binary = fmt == "binary"
+    if not binary:
+        for name, array in arrays.items():
+            if array.dtype == np.object_:
+                _utf8_for_json(name, array)
     body, json_size = http.InferenceServerClient.generate_request_body(
         infer_inputs(arrays, binary),
         outputs=requested_outputs(outputs, binary if binary_outputs is None else binary_outputs, class_count))
     return Payload(body.encode() if isinstance(body, str) else bytes(body), json_size)
+
+
+def _utf8_for_json(name: str, array: np.ndarray) -> None:
+    """A JSON body carries BYTES elements as strings: each must be UTF-8 (binary bodies carry any bytes)."""
+    for i, element in enumerate(array.ravel()):
+        if isinstance(element, bytes):
+            try:
+                element.decode()
+            except UnicodeDecodeError as e:
+                raise PayloadError(f"{name} element {i + 1} is not UTF-8 ({e.reason} at byte {e.start}): a JSON body "
+                                   f"carries BYTES as text; send it in the binary format") from None
 
 
 def header_size(content_type: str | None) -> int | None:

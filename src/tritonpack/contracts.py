@@ -69,13 +69,11 @@ def text_array(texts: Sequence[str | bytes]) -> np.ndarray:
         raise PayloadError("no texts given")
     rows = []
     for i, text in enumerate(texts):
-        try:
-            data = text.encode() if isinstance(text, str) else bytes(text)
-            data.decode()
-        except UnicodeError as e:  # a str from undecodable bytes (a surrogate), or bytes that are not UTF-8
+        try:  # bytes go as they are (a client may mean to send any); a str must encode
+            rows.append([text.encode() if isinstance(text, str) else bytes(text)])
+        except UnicodeError as e:  # a str Python made from undecodable bytes (a surrogate: a Latin-1 argument)
             raise PayloadError(f"text {i + 1} is not UTF-8 ({e.reason} at position {e.start}): TEXT carries UTF-8 "
                                f"text") from None
-        rows.append([data])
     return np.array(rows, dtype=np.object_)
 
 
