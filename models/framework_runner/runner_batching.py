@@ -165,13 +165,14 @@ class FrameworkRunnerModel:
             raise ClientError(f"{MASK} must be [rows, tokens] of 1s then 0s (right padding), 1 to "
                               f"{self.max_pack_tokens} tokens long and shaped like every other input, for this "
                               f"encoder")
-        if self.max_pack_tokens and min(int(a.min()) for a in item.values()) < 0:
+        checked = item if self.max_pack_tokens else self.index_rows  # every token input is checked once
+        lowest = {name: item[name].min() for name in checked if item[name].size}
+        if self.max_pack_tokens and min(lowest.values(), default=0) < 0:
             raise ClientError("token inputs cannot be negative")
         for name, rows in self.index_rows.items():
-            ids = item[name]
-            if ids.size and not 0 <= ids.min() <= ids.max() < rows:
-                raise ClientError(f"{name} indexes a table of {rows} rows: ids 0 to {rows - 1}, got {ids.min()} to "
-                                  f"{ids.max()}")
+            if name in lowest and (lowest[name] < 0 or item[name].max() >= rows):
+                raise ClientError(f"{name} indexes a table of {rows} rows: ids 0 to {rows - 1}, got {lowest[name]} "
+                                  f"to {item[name].max()}")
         return item
 
     def _run(self, items):

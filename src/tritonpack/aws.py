@@ -8,6 +8,7 @@ it created is printed.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import threading
@@ -162,11 +163,9 @@ class Progress:
 
 
 def existing_keys(client, bucket: str, keys: list[str]) -> list[str]:
-    """Those of `keys` that exist in `bucket`, in order (one listing per common prefix, not a request per key)."""
-    wanted, found = set(keys), set()
-    for stem in sorted({key.rsplit("-", 1)[0] if key.endswith(TAR_SUFFIX) else key for key in keys}):
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=stem):
-            found.update(item["Key"] for item in page.get("Contents", ()) if item["Key"] in wanted)
+    """Those of `keys` that exist in `bucket`, in order (a listing of their common prefix, not a request per key)."""
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=os.path.commonprefix(keys))
+    found = {item["Key"] for page in pages for item in page.get("Contents", ())}
     return [key for key in keys if key in found]
 
 
@@ -428,11 +427,12 @@ def _undo(done: Sequence[Call], clients: dict) -> list[str]:
             continue  # a scaling policy goes with its scalable target
         operation, keys = UNDO[call.operation]
         params = {key: call.params[key] for key in keys}
+        name = params.get("ResourceId") or params[keys[0]]
         try:
             getattr(clients[call.service], operation)(**params)
-            said.append(f"{operation} {params[keys[-1] if len(keys) == 1 else 'ResourceId']}")
+            said.append(f"{operation} {name}")
         except Exception as e:  # noqa: BLE001 - reported; the user deletes it by hand
-            said.append(f"{operation} {params} FAILED ({type(e).__name__}): delete it by hand")
+            said.append(f"{operation} {name} FAILED ({type(e).__name__}): delete it by hand")
     return said
 
 

@@ -125,10 +125,17 @@ def docker_command(repository: Path, target: str, container: str = DEFAULT_CONTA
             f"-v {served}:/models nvcr.io/nvidia/tritonserver:{container}-py3 tritonserver --model-repository=/models")
 
 
+def manifest_container(manifest: dict | None) -> str | None:
+    """The Triton container release a build's manifest says it was built for, when it says so well-formed."""
+    built = (manifest or {}).get("build")
+    release = built.get("container") if isinstance(built, dict) else None
+    return release if isinstance(release, str) and re.fullmatch(r"\d+\.\d+", release) else None
+
+
 def built_for(repository: Path) -> str:
     """The Triton container release `repository` was built for (its manifest), else the default."""
     try:
-        release = json.loads((Path(repository) / "manifest.json").read_text())["build"]["container"]
-    except (OSError, ValueError, KeyError, TypeError):
+        manifest = json.loads((Path(repository) / "manifest.json").read_text())
+    except (OSError, ValueError):
         return DEFAULT_CONTAINER
-    return release if isinstance(release, str) and re.fullmatch(r"\d+\.\d+", release) else DEFAULT_CONTAINER
+    return manifest_container(manifest if isinstance(manifest, dict) else None) or DEFAULT_CONTAINER

@@ -238,21 +238,20 @@ class TritonServer:
     def last_error(self) -> str:
         """The message of the last error line in the log (`E1126 15:33:19.39 6979 main.cc:270] "…"`) up to its
         first escaped newline (a Python traceback follows there), or ''."""
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        for line in reversed(lines):
+        for line in reversed(self._log_lines()):
             match = LOG_ERROR.match(line)
             if match:
                 return match.group(1).split("\\n")[0].strip().strip('"').strip()
         return ""
 
     def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self._log_lines()[-lines:])
+
+    def _log_lines(self) -> list[str]:
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            return self.log_path.read_text(errors="replace").splitlines()
         except OSError:
-            return ""
+            return []
 
     def process_group_pids(self) -> list[int]:
         """The server and every process it started (python stubs share its process group), zombies included."""

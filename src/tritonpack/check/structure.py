@@ -18,7 +18,7 @@ from google.protobuf import text_format
 from tritonpack.archive import Problem
 from tritonpack.backends import ENV_PARAMETER, LOADED_FILES, MODEL_DIR_VAR, PLATFORMS
 from tritonpack.check.tree import Tree
-from tritonpack.containers import container_python, stub_needs_numpy1
+from tritonpack.containers import container_python, manifest_container, stub_needs_numpy1
 from tritonpack.spec import config_parameters, parse_config
 from tritonpack.wiring import wiring_problems
 
@@ -72,9 +72,7 @@ class StubTarget:
 
 
 def stub_target(manifest: dict | None, python: str | None, container: str | None, local: bool = False) -> StubTarget:
-    built_for = (manifest or {}).get("build")
-    release = container or (built_for.get("container") if isinstance(built_for, dict) else None)
-    release = release if isinstance(release, str) and re.fullmatch(r"\d+\.\d+", release) else None
+    release = container or manifest_container(manifest)  # a malformed --container fails in container_python
     if python:
         return StubTarget(python, "--local: the local Triton's stub runs this interpreter" if local else "--python",
                           release)

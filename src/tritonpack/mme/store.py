@@ -26,8 +26,9 @@ from tritonpack.mme.sources import TargetError, target_hash
 
 log = logging.getLogger("tritonpack.mme")
 INSUFFICIENT_STORAGE = 507
-# What the cache writes besides its entries' folders: `<hash>` (`sources.target_hash`) and `.download-<8 of it>-…`
-LEFT_BEHIND = re.compile(r"[0-9a-f]{32}|\.download-[0-9a-f]{8}-\w+")
+STAGING = ".download-"  # downloads are staged beside the entries, in `.download-<8 of the target's hash>-<random>`
+# What the cache writes: `<hash>` (`sources.target_hash`) folders and staging folders
+LEFT_BEHIND = re.compile(rf"[0-9a-f]{{32}}|{re.escape(STAGING)}[0-9a-f]{{8}}-\w+")
 
 
 @dataclass
@@ -105,7 +106,7 @@ class DiskCache:
     def staging_dir(self, target: str) -> Path:
         """A fresh folder beside the entries for a download (the caller removes it)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".download-{target_hash(target)[:8]}-", dir=self.root))
+        return Path(tempfile.mkdtemp(prefix=f"{STAGING}{target_hash(target)[:8]}-", dir=self.root))
 
     def add(self, target: str, version: str, tarball: Path, limits=None) -> Path:
         """Extract `tarball`, which the caller has just scanned, to `<hash>/model` and record it; raises
