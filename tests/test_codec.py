@@ -147,3 +147,12 @@ def test_error_message_reads_triton_and_sagemaker_error_bodies():
     assert codec.error_message(b'{"error": "boom"}') == "boom"
     assert codec.error_message(b'{"message": "nope"}') == "nope"
     assert codec.error_message(b"plain text") == "plain text"
+
+
+def test_labels_show_scores_when_label_file_is_not_utf8_and_refuse_malformed_entries():
+    body, content_type = binary_response({"SCORES": np.array([[b"0.5:2:caf\xe9"]], dtype=np.object_)})
+    assert payloads.labels(body, content_type) == [[Label(0.5, 2, "caf\ufffd")]]
+    for entry in (b"0.5", b"high:2", b"0.5:two:cat"):
+        body, content_type = binary_response({"SCORES": np.array([[entry]], dtype=np.object_)})
+        with pytest.raises(PayloadError, match="is not score:index"):
+            payloads.labels(body, content_type)

@@ -12,6 +12,7 @@ import numpy as np
 
 from tritonpack import contracts
 from tritonpack.codec import Payload, output, request_body
+from tritonpack.errors import PayloadError
 
 
 @dataclass(frozen=True)
@@ -24,9 +25,13 @@ class Label:
 
     @classmethod
     def parse(cls, entry: bytes | str) -> Label:
-        text = entry.decode() if isinstance(entry, bytes) else str(entry)
-        score, index, *label = text.split(":", 2)
-        return cls(float(score), int(index), label[0] if label else "")
+        # a label file the model's author wrote in another encoding still shows its scores and indexes
+        text = entry.decode(errors="replace") if isinstance(entry, bytes) else str(entry)
+        try:
+            score, index, *label = text.split(":", 2)
+            return cls(float(score), int(index), label[0] if label else "")
+        except ValueError:
+            raise PayloadError(f"classification entry {text[:80]!r} is not score:index[:label]") from None
 
 
 def text_payload(texts: Sequence[str | bytes], fmt: str = "json", io: contracts.IoNames = contracts.TEXT) -> Payload:
