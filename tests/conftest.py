@@ -30,6 +30,35 @@ def pytest_report_header(config):
     return f"temporary files: {where}, {free_gb:.1f} GB free (a whole run writes up to ~{RUN_NEEDS_GB} GB){warning}"
 
 
+SHM = Path("/dev/shm")
+_shm_first_seen: dict[str, str] = {}  # python-backend region → the test module after which it was first there
+
+
+def _shm_regions() -> set[str]:
+    from tritonpack.proc import SHM_PREFIX
+
+    return {p.name for p in SHM.glob(f"{SHM_PREFIX}*")} if SHM.is_dir() else set()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _note_shm_regions(request):
+    """Which module's servers leave python-backend regions behind (intermittent; reported, not failed)."""
+    yield
+    for region in _shm_regions() - _shm_first_seen.keys():
+        _shm_first_seen[region] = request.module.__name__
+
+
+def pytest_sessionstart(session):
+    _shm_first_seen.update(dict.fromkeys(_shm_regions(), ""))  # there before the run: not its
+
+
+def pytest_terminal_summary(terminalreporter):
+    left = sorted(r for r in _shm_regions() if _shm_first_seen.get(r))
+    if left:
+        terminalreporter.write_line("/dev/shm regions left by this run: " + ", ".join(
+            f"{r} (first there after {_shm_first_seen[r]})" for r in left))
+
+
 @pytest.fixture(scope="session")
 def test_dist(tmp_path_factory) -> Path:
     dist = tmp_path_factory.mktemp("dist")
