@@ -29,7 +29,9 @@ from pathlib import Path
 from benchmarks import corpus, goals
 from tritonpack import proc
 
-MB = 1024  # kB per MB (MiB)
+# the goals' units: MB of 10^6 bytes (/proc reports kB of 1,024 bytes); reports before 2026-11-26 showed MiB as MB
+MB = 1e6 / 1024  # /proc's kB per MB
+BYTES_PER_MB = 1e6
 
 
 def copies(tarball: Path, folder: Path, n: int) -> list[str]:
@@ -136,7 +138,7 @@ def summarize_memory(server_only: dict, ladder: dict) -> dict:
             "one_model_total_pss_mb": one, "first_model_pss_mb": one - server_only["pss_mb"],
             "one_model_before_vocabulary_pss_mb": steps[str(counts[0])]["before_vocabulary_pss_mb"],
             "per_additional_model_pss_mb": per_additional,
-            "models_per_gb": 1024 / per_additional if per_additional else None,
+            "models_per_gb": 1000 / per_additional if per_additional else None,
             "target_one_model_mb": goals.ONE_MODEL_PSS_MB, "met": one <= goals.ONE_MODEL_PSS_MB}
 
 
@@ -183,7 +185,7 @@ def measure(bench, tarball: Path) -> dict:
 
 
 def tarball_size(tarball: Path) -> dict:
-    tarball_mb = tarball.stat().st_size / 2**20
+    tarball_mb = tarball.stat().st_size / BYTES_PER_MB
     return {"tarball": tarball.name, "tarball_mb": tarball_mb, "tarball_target_mb": goals.TARBALL_MB,
             "tarball_met": tarball_mb <= goals.TARBALL_MB}
 
@@ -194,7 +196,7 @@ def sizes(bench, tarball: Path) -> dict:
     envs = {str(p.relative_to(envs_dir)): p.stat().st_size for p in sorted(envs_dir.rglob("*"))
             if p.is_file() and p.name.endswith((".tar.gz", ".tgz", ".tar"))} if envs_dir.is_dir() else {}
     text_envs = [size for name, size in envs.items() if "text" in name]
-    text_env_mb = max(text_envs) / 2**20 if text_envs else None
+    text_env_mb = max(text_envs) / BYTES_PER_MB if text_envs else None
     return {**tarball_size(tarball), "envs_bytes": envs,
             "envs_note": None if envs else f"{envs_dir} has no packed environments (run `make env`)",
             "text_env_mb": text_env_mb, "text_env_target_mb": goals.TEXT_ENV_MB,

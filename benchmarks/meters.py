@@ -16,7 +16,9 @@ import numpy as np
 
 from tritonpack import proc
 
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
+# what decides the encoder's kernels and precision: bf16 (AVX512_BF16, AMX), f16 (AVX512_FP16, AMX-FP16), int8 (VNNI)
+CPU_FLAGS = ("avx2", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
+             "amx_int8", "amx_fp16")
 
 
 @dataclass
@@ -135,8 +137,8 @@ class LoadMonitor:
         return {"load1_min": min(s), "load1_median": statistics.median(s), "load1_max": max(s), "samples": len(s)}
 
 
-def cpu_info() -> tuple[str, set[str]]:
-    """(model name, flags) of the first CPU in /proc/cpuinfo."""
+def cpu_info() -> tuple[dict[str, str], set[str]]:
+    """(the first CPU's /proc/cpuinfo fields, its flags)."""
     fields: dict[str, str] = {}
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -144,13 +146,15 @@ def cpu_info() -> tuple[str, set[str]]:
             if not key.strip():  # the first processor's block ends here
                 break
             fields.setdefault(key.strip(), value.strip())
-    return fields.get("model name", platform.processor() or "unknown"), set(fields.get("flags", "").split())
+    return fields, set(fields.get("flags", "").split())
 
 
 def machine() -> dict:
-    model, flags = cpu_info()
+    fields, flags = cpu_info()
     return {
-        "cpu_model": model,
+        "cpu_model": fields.get("model name", platform.processor() or "unknown"),
+        # a VM may name only the vendor ("Intel(R) Xeon(R) Processor"): family and model tell the generation
+        "cpu_family_model_stepping": "/".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping")),
         "cores": os.cpu_count(),
         "cpu_flags": {flag: flag in flags for flag in CPU_FLAGS},
         "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),

@@ -72,6 +72,7 @@ def main() -> int:
         print(json.dumps(versions()))
         return 0
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # native libraries' writes to fd 1 must not interleave either
     sys.stdout = sys.stderr  # library prints must not interleave with the answers
     model = None
     for line in sys.stdin:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from benchmarks import goals, plots
+from benchmarks.text_peers import FASTER_TORCH
 
 HOW = """\
 How this bench measures:
@@ -44,6 +45,9 @@ def summary_rows(report: dict) -> list[dict]:
         if key in at8:
             how = "c=8" if side["served"] else "in-process"
             rows += _ratio_row(f"served_c8_over_{key}", f"served bert c=8 ÷ {side['label']} ({how})", at8[key])
+    rows += _ratio_row(f"served_c8_over_{FASTER_TORCH}", "served bert c=8 ÷ sentence-transformers torch at the "
+                       "faster of its batches 64 and 32, in each repetition (in-process)",
+                       at8.get(FASTER_TORCH))
     cosine = peers.get("cosine_to_st_torch", {}).get("tritonpack")
     if cosine:
         rows.append(_row("cosine_min", "served bert min cosine to sentence-transformers torch (held-out)",
@@ -175,7 +179,8 @@ def render_markdown(report: dict) -> str:
     lines = [
         "# tritonpack bench report", "",
         f"Mode **{report['mode']}**, started {report['started']}, took {report.get('duration_s', 0):.0f} s.", "",
-        f"Machine: **{m['cpu_model']}**, {m['cores']} cores, flags {flags}; {m['memory_gb']} GB, {m['platform']}, "
+        f"Machine: **{m['cpu_model']}** (family/model/stepping {m.get('cpu_family_model_stepping', '?')}), "
+        f"{m['cores']} cores, flags {flags}; {m['memory_gb']} GB, {m['platform']}, "
         f"Python {m['python']}. Load average (1 min) during the run: min {load.get('load1_min', 0):.1f}, median "
         f"{load.get('load1_median', 0):.1f}, max {load.get('load1_max', 0):.1f}.", "", HOW, "",
         "## Results", "", "| | measured | per CPU-second | target | met |", "|---|---:|---:|---:|:---:|",
@@ -213,6 +218,10 @@ def write(report: dict, out: Path) -> None:
 
 
 def not_measured(report: dict) -> dict[str, str]:
-    """Experiment → why it failed (`Bench.attempt` records it and lets the others run)."""
-    return {key: value["reason"] for key, value in report.items()
-            if isinstance(value, dict) and value.get("available") is False}
+    """Experiment → why it failed (`Bench.attempt` records it and lets the others run), and in a run that makes every
+    peer (`--peers all`, `make bench`) each peer that did not run."""
+    failed = {key: value["reason"] for key, value in report.items()
+              if isinstance(value, dict) and value.get("available") is False}
+    if report.get("settings", {}).get("peers") == "all":  # every peer was to run: one that did not leaves a goal
+        failed |= {f"peer {name}": why for name, why in report.get("peers", {}).get("skipped", {}).items()}
+    return failed

@@ -46,6 +46,19 @@ class Client(Protocol):
     def close(self) -> None: ...
 
 
+class _Unavailable:
+    """The client a worker thread could not make: every call raises why."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        raise self.error
+
+    def close(self) -> None:
+        pass
+
+
 class ConcurrentClients:
     """`concurrency` threads, each with its own client, send requests (lists of sentences) to a server.
 
@@ -58,7 +71,10 @@ class ConcurrentClients:
         self._workers: list[tuple[threading.Thread, queue.Queue]] = []
 
     def _worker(self, tasks: queue.Queue) -> None:
-        client = self.make_client()
+        try:
+            client = self.make_client()
+        except BaseException as e:  # noqa: BLE001 - each task this thread takes raises it in the calling thread
+            client = _Unavailable(e)
         try:
             while (task := tasks.get()) is not None:
                 task(client)
@@ -193,7 +209,7 @@ class PeerWorker:
         try:
             self.info = self.ask({"op": "load", "model": str(model), "backend": backend,
                                   "export_dir": str(export_dir) if export_dir else None})
-        except RuntimeError:
+        except BaseException:
             self.close()
             raise
 
@@ -207,7 +223,11 @@ class PeerWorker:
         if not line:
             raise RuntimeError(f"sentence-transformers {self.backend}: the worker exited with {self.process.wait()}; "
                                f"log: {self.log}")
-        answer = json.loads(line)
+        try:
+            answer = json.loads(line)
+        except json.JSONDecodeError:
+            raise RuntimeError(f"sentence-transformers {self.backend}: the worker answered {line[:80]!r}, not JSON; "
+                               f"log: {self.log}") from None
         if "error" in answer:
             raise RuntimeError(f"sentence-transformers {self.backend}: {answer['error']}")
         return answer

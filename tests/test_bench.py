@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import sys
 from pathlib import Path
 
@@ -71,7 +72,10 @@ def test_machine_records_cpu_model_and_flags_when_read_from_proc():
     record = meters.machine()
     assert record["cpu_model"] == model != "unknown" and record["cores"] == os.cpu_count() >= 1
     assert record["cpu_flags"] == {flag: flag in flags for flag in meters.CPU_FLAGS}
-    assert "avx2" in meters.CPU_FLAGS and "amx_bf16" in meters.CPU_FLAGS and "avx512_bf16" in meters.CPU_FLAGS
+    assert {"avx2", "amx_bf16", "avx512_bf16", "avx512_fp16", "amx_fp16"} <= set(meters.CPU_FLAGS)
+    family, number = (re.search(rf"^{key}\s*:\s*(\S+)", cpuinfo, re.MULTILINE).group(1)
+                      for key in ("cpu family", "model"))
+    assert record["cpu_family_model_stepping"].startswith(f"{family}/{number}/")
 
 
 def test_peer_env_is_ready_only_when_its_stamp_names_the_same_requirements(tmp_path):
@@ -164,3 +168,54 @@ def test_serving_overrides_turn_dynamic_batching_off_when_given_as_strings():
     assert TextServing().batching().max_queue_delay_microseconds == TextServing().max_queue_delay_microseconds
     with pytest.raises(SpecError, match="unknown serving setting"):
         TextServing().with_overrides({"dynamic_batchin": "false"})
+
+
+def test_torch_goal_is_judged_against_the_faster_torch_batch_in_each_repetition():
+    from types import SimpleNamespace
+
+    from benchmarks import text_peers
+
+    sides = [SimpleNamespace(key=key, served=key == "tritonpack") for key in ("tritonpack", *text_peers.TORCH_BATCHES)]
+    runs = {"tritonpack c=8": [Run(200, 1.0), Run(200, 1.0)], "st_torch_b64": [Run(125, 1.0), Run(160, 1.0)],
+            "st_torch_b32": [Run(150, 1.0), Run(120, 1.0)]}
+    out = text_peers.ratios(runs, sides, 8)
+    faster = out[text_peers.FASTER_TORCH]
+    assert faster["ratios"] == [200 / 150, 200 / 160] and faster["target"] == 1.5 and faster["met"] is False
+    assert out["st_torch_b64"]["target"] is None and out["st_torch_b64"]["met"] is None  # one verdict, not two
+    runs["tritonpack c=4"] = runs["tritonpack c=8"]
+    assert text_peers.FASTER_TORCH not in text_peers.ratios(runs, sides, 4)
+
+
+def test_sizes_are_judged_in_megabytes_of_a_million_bytes(tmp_path):
+    from benchmarks import cold_memory
+
+    tarball = tmp_path / "bert-portable.tar.gz"
+    with open(tarball, "wb") as f:
+        f.truncate(45_000_001)  # 42.9 MiB: "met" when MiB were called MB
+    size = cold_memory.tarball_size(tarball)
+    assert size["tarball_mb"] == pytest.approx(45.000001) and size["tarball_met"] is False
+
+
+def test_a_peer_that_did_not_run_is_not_measured_when_every_peer_was_to_run():
+    from benchmarks.report import not_measured
+
+    report = {"settings": {"peers": "all"}, "peers": {"skipped": {"infinity": "did not start: OSError"}},
+              "mme": {"available": False, "reason": "no tarball"}}
+    assert not_measured(report) == {"mme": "no tarball", "peer infinity": "did not start: OSError"}
+    report["settings"]["peers"] = "none"  # smoke mode leaves the peers out on purpose
+    assert not_measured(report) == {"mme": "no tarball"}
+
+
+def test_clients_raise_the_error_when_a_client_cannot_be_made_instead_of_waiting_forever():
+    from benchmarks.sides import ConcurrentClients
+
+    def broken():
+        raise ImportError("no tritonclient here")
+
+    clients = ConcurrentClients(broken)
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(pytest.raises(ImportError, clients.send, [["a"]] * 4, 2)))
+    thread.start()
+    thread.join(timeout=10)
+    clients.close()
+    assert not thread.is_alive() and "no tritonclient" in str(result[0].value)
