@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
