@@ -300,6 +300,9 @@ def _token_request(ids, mask=None, token_types=None):
     # OpenVINO's Gather answered an id past the vocabulary with a row of zeros: a wrong embedding, no error
     (_token_request([[101, 30522, 102]]), "input_ids indexes a table of 30522 rows: ids 0 to 30521, got 101 to 30522"),
     (_token_request([[101, 102]], token_types=[[0, 2]]), "token_type_ids indexes a table of 2 rows: ids 0 to 1, got"),
+    # a row without real tokens was embedded as its first token alone (a unit vector; sentence-transformers: zeros)
+    (_token_request([[101, 102], [101, 102]], mask=[[1, 1], [0, 0]]), "at least one real token per row"),
+    (_token_request([[101, 7592, 102]], mask=[[1, 1, 1, 0]]), "every token input must be shaped like attention_mask"),
 ])
 def test_packed_encoder_fails_only_the_request_it_cannot_read_and_answers_its_neighbours(token_encoder, python_model,
                                                                                        bad, reason):
@@ -317,6 +320,8 @@ def test_packed_encoder_fails_only_the_request_it_cannot_read_and_answers_its_ne
     (_token_request([[101, 30522, 102]]), "input_ids indexes a table of 30522 rows: ids 0 to 30521, got 101 to 30522"),
     (_token_request([[101, -1, 102]]), "input_ids indexes a table of 30522 rows: ids 0 to 30521, got -1 to 102"),
     (_token_request([[101, 102]], token_types=[[0, 2]]), "token_type_ids indexes a table of 2 rows: ids 0 to 1, got"),
+    # the ids were padded to the mask's length: the padding embedded as real tokens (cosine 0.63 to the real one)
+    (_token_request([[101, 7592, 102]], mask=[[1, 1, 1, 1, 1, 1]]), "every token input must be shaped like"),
 ])
 def test_torchscript_encoder_refuses_ids_outside_its_tables_and_answers_its_neighbours(model_folders, python_model,
                                                                                       bad, reason):

@@ -473,3 +473,21 @@ def test_bert_serves_with_onnxruntime_when_encoder_runtime_is_overridden(test_di
         got = embed(server.url, "bert", SENTENCES)
     assert_embeddings_match(got, reference)
     np.testing.assert_allclose(got, reference, atol=1e-4)  # fp32 end to end: equal, not only close in angle
+
+
+def test_packs_grow_to_the_models_max_seq_length_and_a_shorter_override_is_refused():
+    """A pack shorter than the tokenizer's length refused every text between the two as the client's mistake."""
+    from types import SimpleNamespace
+
+    from tritonpack import ensembles
+    from tritonpack.assembly.text import serving_for
+
+    portable = ensembles.recipe("bert").serving["portable"]
+    assert portable.encoder_pack_tokens == 256
+    assert serving_for(portable, (), SimpleNamespace(max_seq_length=512)).encoder_pack_tokens == 512
+    assert serving_for(portable, (), SimpleNamespace(max_seq_length=128)).encoder_pack_tokens == 256
+    unpacked = (("encoder_pack_tokens", "0"), ("encoder_pooling", "false"), ("encoder_pack_rows", "0"),
+                ("encoder_tokenizes", "false"))
+    assert serving_for(portable, unpacked, SimpleNamespace(max_seq_length=512)).encoder_pack_tokens == 0
+    with pytest.raises(SpecError, match="encoder_pack_tokens 128 is shorter than the model's max_seq_length 256"):
+        serving_for(portable, (("encoder_pack_tokens", "128"),), SimpleNamespace(max_seq_length=256))

@@ -22,6 +22,7 @@ from tritonpack.builder import BuildRequest, build
 from tritonpack.client import embed
 from tritonpack.errors import SpecError
 from tritonpack.server import TritonServer
+from tritonpack.spec import parse_config
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def tiny_model(tmp_path_factory):
         shutil.copy(source / name, folder / name)
     modules = json.loads((source / "modules.json").read_text())
     (folder / "modules.json").write_text(json.dumps(modules[:2]))  # no Normalize: the un-normalised path
-    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 320, "do_lower_case": False}))
     (folder / "1_Pooling").mkdir()
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(
         {"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True, "pooling_mode_cls_token": False}))
@@ -88,13 +89,16 @@ def test_bert_serves_any_local_sentence_transformers_model_when_model_dir_is_giv
     from sentence_transformers import SentenceTransformer
 
     source = SentenceTransformerSource.load(tiny_model)
-    assert (source.hidden_size, source.max_seq_length, source.normalize) == (32, 64, False)
+    assert (source.hidden_size, source.max_seq_length, source.normalize) == (32, 320, False)
     result = build(BuildRequest("bert", "portable", model=str(tiny_model), env=False, dist=test_dist / "tiny"))
-    texts = ["tiny models serve too", "", "word " * 200]
+    # reads more tokens than the recipe's packs of 256 hold: the packs grow to the model's length
+    assert parse_config((result.repository / "bert_encoder" / "config.pbtxt").read_text()) \
+        .parameters["max_pack_tokens"].string_value == "320"
+    texts = ["tiny models serve too", "", "word " * 300, "word " * 400]
     expected = SentenceTransformer(str(tiny_model), device="cpu").encode(texts)
     with TritonServer(result.repository) as server:
         got = embed(server.url, "bert", texts)
-    assert got.shape == (3, 32)
+    assert got.shape == (4, 32)
     cos = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
     assert cos.min() >= 0.9999
     # not normalised: magnitudes match too (to bf16's precision: the default portable encoder runs in bf16)

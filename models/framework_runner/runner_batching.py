@@ -159,12 +159,13 @@ class FrameworkRunnerModel:
         if any(a.ndim == 0 or len(a) == 0 for a in item.values()):
             raise ClientError(f"every input needs at least one row, got shapes "
                               f"{ {name: list(a.shape) for name, a in item.items()} }")
+        if MASK in item and any(a.shape != item[MASK].shape for a in item.values()):
+            raise ClientError(f"every token input must be shaped like {MASK}, got shapes "
+                              f"{ {name: list(a.shape) for name, a in item.items()} }")
         if self.max_pack_tokens and not (item[MASK].ndim == 2 and 0 < item[MASK].shape[1] <= self.max_pack_tokens
-                                         and _right_padded(item[MASK])
-                                         and all(a.shape == item[MASK].shape for a in item.values())):
-            raise ClientError(f"{MASK} must be [rows, tokens] of 1s then 0s (right padding), 1 to "
-                              f"{self.max_pack_tokens} tokens long and shaped like every other input, for this "
-                              f"encoder")
+                                         and _right_padded(item[MASK]) and item[MASK][:, 0].all()):
+            raise ClientError(f"{MASK} must be [rows, tokens] of 1s then 0s (right padding), at least one real token "
+                              f"per row, 1 to {self.max_pack_tokens} tokens long, for this encoder")
         checked = item if self.max_pack_tokens else self.index_rows  # every token input is checked once
         lowest = {name: item[name].min() for name in checked if item[name].size}
         if self.max_pack_tokens and min(lowest.values(), default=0) < 0:

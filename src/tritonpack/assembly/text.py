@@ -4,6 +4,8 @@ when the encoder pools itself. Artifacts come from `build/` through the cache; n
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tritonpack import contracts
 from tritonpack.build.build_tensorrt import ShapeProfile, require_tensorrt, tensorrt_plan
 from tritonpack.build.export_text_encoder import (
@@ -36,7 +38,7 @@ TOKEN_EMBEDDINGS = "token_embeddings"
 
 def assemble(recipe: TextRecipe, request, cache: ArtifactCache) -> list[ModelFolder]:
     source = SentenceTransformerSource.resolve(request.model)
-    serving = recipe.serving[request.target].with_overrides(request.serving)
+    serving = serving_for(recipe.serving[request.target], request.serving, source)
     fmt = recipe.encoder[request.target]
     if fmt == "tensorrt_plan" and request.plans:
         artifact = given_plans(dict(request.plans))
@@ -53,6 +55,19 @@ def assemble(recipe: TextRecipe, request, cache: ArtifactCache) -> list[ModelFol
         encoder = reading_text(encoder, contracts.text_input(), source.path / TOKENIZER_FILENAME,
                                tokenizer_parameters(source, serving), serving.dynamic_batching)
     return text_ensemble(recipe.name, source, encoder, serving, request.io_names or contracts.TEXT)
+
+
+def serving_for(recipe_serving: TextServing, overrides, source: SentenceTransformerSource) -> TextServing:
+    """The recipe's serving with packs at least as long as the model reads, then the user's overrides. A pack
+    shorter than the model's `max_seq_length` would refuse every text between the two as the client's mistake."""
+    if 0 < recipe_serving.encoder_pack_tokens < source.max_seq_length:
+        recipe_serving = replace(recipe_serving, encoder_pack_tokens=source.max_seq_length)
+    serving = recipe_serving.with_overrides(overrides)
+    if 0 < serving.encoder_pack_tokens < source.max_seq_length:
+        raise SpecError(f"encoder_pack_tokens {serving.encoder_pack_tokens} is shorter than the model's max_seq_length "
+                        f"{source.max_seq_length}: texts between would be refused; give --serving "
+                        f"encoder_pack_tokens={source.max_seq_length} or leave it out")
+    return serving
 
 
 def tokenizer_parameters(source: SentenceTransformerSource, serving: TextServing) -> dict[str, str]:
