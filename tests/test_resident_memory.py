@@ -111,6 +111,17 @@ def test_a_mapping_is_left_alone_where_proc_does_not_count_its_written_pages(map
     assert resident_kb(address) == SIZE // 1024
 
 
+def test_a_mapping_is_left_alone_where_some_of_its_written_pages_are_swapped_out(mapped, monkeypatch):
+    """A written (relocated) page swapped out counts under Swap, not Anonymous: dropping would lose it."""
+    address = mapped(writable=False)
+    (mapping,) = [m for m in resident_memory.mappings() if m.low <= address < m.high]
+    swapped = mapping._replace(kb={**mapping.kb, "Anonymous": 0, "Swap": 4})
+    with monkeypatch.context() as patch:
+        patch.setattr(resident_memory, "mappings", lambda: [swapped])
+        resident_memory.drop_load_only_file_pages()
+    assert resident_kb(address) == SIZE // 1024
+
+
 LIBRARY_PROBE = """
 import json, sys
 sys.path.insert(0, sys.argv[1])

@@ -123,7 +123,8 @@ def mapping_kb(address: int, field: str) -> int:
 def _unwritten_read_only_file_mappings() -> list[tuple[int, int]]:
     return [(m.low, m.high) for m in mappings()
             if m.permissions[1] == "-" and m.permissions[3] == "p" and m.path.startswith("/")
-            and not m.path.endswith("(deleted)") and m.kb.get("Anonymous", 1) == 0]
+            and not m.path.endswith("(deleted)") and m.kb.get("Anonymous", 1) == 0
+            and m.kb.get("Swap", 0) == 0]  # a written page swapped out counts there, not in Anonymous
 
 
 def _rollup_kb(field: str) -> int:
