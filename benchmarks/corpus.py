@@ -127,22 +127,43 @@ def corpus(n: int, seed: int = 5) -> list[Sentence]:
 
 
 def held_out(n: int, seed: int = 5, timed: Iterable[Sentence] = ()) -> list[Sentence]:
-    """`n` distinct sentences that no side is timed on (none of `timed`), for the cosine checks: the corpus mix plus
-    an eighth beyond 256 tokens."""
-    seen = {x.text for x in timed}
+    """`n` distinct sentences for the cosine checks, in the corpus's mix (`MIX`, each bucket's count rounded) plus an
+    eighth beyond 256 tokens: generated, none of them timed (`timed`), canned (`_SHORT`) or a text the build checks
+    the encoder's precision on (its CHECK_TEXTS). Each bucket draws until it has its count: skipping a seen
+    sentence does not thin the short buckets, where most of them are."""
+    from tritonpack.build.export_text_encoder import CHECK_TEXTS
 
-    def fresh(candidates: list[Sentence], count: int) -> list[Sentence]:
-        picked = []
-        for sentence in candidates:
-            if len(picked) == count:
-                break
-            if sentence.text not in seen:
-                seen.add(sentence.text)
-                picked.append(sentence)
-        return picked
+    seen = {x.text for x in timed} | set(CHECK_TEXTS)
+    rng = random.Random(seed + 1000)
+    within = n - n // 8
+    picked = [s for bucket, count in zip(BUCKETS, _quotas(within, MIX)) for s in _unseen(rng, bucket, count, seen)]
+    picked += _unseen(rng, TRUNCATED, n // 8, seen)
+    rng.shuffle(picked)  # lengths mixed as in the corpus
+    return picked
 
-    return (fresh(sentences(8 * n, seed + 1000), n - n // 8)
-            + fresh(sentences(n, seed + 2000, (TRUNCATED,), (1.0,)), n // 8))
+
+def _quotas(n: int, mix: tuple[float, ...]) -> list[int]:
+    """`n` split in proportions `mix`, rounded to whole counts that add up to `n` (largest remainders round up)."""
+    exact = [n * share / sum(mix) for share in mix]
+    quotas = [int(x) for x in exact]
+    for i in sorted(range(len(mix)), key=lambda i: quotas[i] - exact[i])[:n - sum(quotas)]:
+        quotas[i] += 1
+    return quotas
+
+
+def _unseen(rng: random.Random, bucket: Bucket, count: int, seen: set[str]) -> list[Sentence]:
+    """`count` generated sentences within `bucket`, none of them in `seen` (which they join)."""
+    picked: list[Sentence] = []
+    for _ in range(100 * count + 100):
+        if len(picked) == count:
+            break
+        sentence = _sentence_near(rng, rng.randint(max(bucket.low, 4), bucket.high))
+        if bucket.holds(sentence.tokens) and sentence.text not in seen:
+            seen.add(sentence.text)
+            picked.append(sentence)
+    if len(picked) < count:
+        raise ValueError(f"found {len(picked)} unseen sentences of {bucket.name} tokens, not {count}")
+    return picked
 
 
 def vocabulary_texts(max_tokens: int = MAX_TOKENS) -> list[str]:

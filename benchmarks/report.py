@@ -53,8 +53,7 @@ def summary_rows(report: dict) -> list[dict]:
         rows.append(_row("cosine_min", "served bert min cosine to sentence-transformers torch (held-out)",
                          cosine["min"], "", goals.COSINE_MIN, cosine["min"] >= goals.COSINE_MIN))
     same = report.get("served_over_same_encoder", {})
-    rows += _ratio_row("served_over_same_encoder_32", "served bert ÷ its own encoder in-process, "
-                       f"{same.get('sentences_per_request')} sentences/request, c=1", same.get("ratio"))
+    rows += _ratio_row("served_over_same_encoder_32", _served_over_same_encoder_what(same), same.get("ratio"))
     rows += _ratio_row("dynamic_batching_on_over_off", "batching requests (`dynamic_batching`) on ÷ off, c=8",
                        report.get("dynamic_batching", {}).get("ratio"))
     sizes = report.get("sizes", {})
@@ -88,6 +87,14 @@ def summary_rows(report: dict) -> list[dict]:
                        image.get("served_over_in_process"))
     rows += _ratio_row("dali_over_pil", "DALI CPU preprocessing ÷ PIL/numpy", image.get("dali_over_pil"))
     return rows
+
+
+def _served_over_same_encoder_what(same: dict) -> str:
+    """Names what each side's encoder computes: the served one's from its log, which may not say."""
+    served, in_process = same.get("served_encoder"), same.get("encoder")
+    sides = f"served bert ÷ its own encoder in-process (both {served})" if served == in_process else \
+        f"served bert ({served}) ÷ its own encoder in-process ({in_process})"
+    return f"{sides}, {same.get('sentences_per_request')} sentences/request, c=1"
 
 
 def fmt(value, digits: int = 2) -> str:

@@ -85,7 +85,9 @@ class Bench:
     def serve(self, repository: Path):
         from tritonpack.server import TritonServer
 
-        server = TritonServer(repository, log_path=self.out / "logs" / f"{repository.parent.name}.log")
+        log = self.out / "logs" / f"{repository.parent.name}.log"
+        log.unlink(missing_ok=True)  # the server's own: what its encoder computes is read from it
+        server = TritonServer(repository, log_path=log)
         self.servers.append(server)
         server.start()
         CPU.watch(server.process.pid)  # the server leads its own process group (start_new_session)

@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import queue
+import re
 import subprocess
 import threading
 import time
@@ -177,16 +178,44 @@ class TritonHttpClient:
 
 
 def encoder_settings(repository: Path, model: str = "bert") -> dict[str, str]:
-    """The served encoder's parameters from its config.pbtxt (framework, precision, packing …)."""
+    """The served encoder's parameters from its config.pbtxt (framework, precision asked for, packing …): the
+    precision it computes is the CPU's pick at load (`logged_computes`)."""
     from tritonpack.spec import config_parameters, parse_config
 
     return config_parameters(parse_config((Path(repository) / f"{model}_encoder" / "config.pbtxt").read_text()))
 
 
+UNKNOWN = "unknown"
+# what the runner logs at load once its session passed the build's reference texts (runner_batching.py)
+COMPUTES_LOGGED = re.compile(r"reference texts: min cosine \S+ to the build's \((.+)\)\"?$", re.MULTILINE)
+
+
+def logged_computes(log: str) -> str:
+    """What the served encoder computes on this CPU as its runner logged it at load (instances that differ are all
+    named), or "unknown": a runner without the build's reference texts logs nothing."""
+    return " / ".join(dict.fromkeys(COMPUTES_LOGGED.findall(log))) or UNKNOWN
+
+
+def encoder_precision(framework: str, computes: str) -> str:
+    """e.g. "openvino bf16, bf16+f32 up to 16 tokens", or "openvino, precision unknown"."""
+    return f"{framework}, precision {UNKNOWN}" if computes == UNKNOWN else f"{framework} {computes}"
+
+
+def describe_encoder(params: dict[str, str], computes: str) -> str:
+    """Its precision, then its packing: e.g. "openvino bf16, bf16+f32 up to 16 tokens; packed ≤ 256 tokens"."""
+    packed = f"; packed ≤ {params['max_pack_tokens']} tokens" if "max_pack_tokens" in params else ""
+    return encoder_precision(params["framework"], computes) + packed
+
+
 def served_tritonpack(server, repository: Path, model: str = "bert") -> ServedSide:
-    return ServedSide("tritonpack", f"served tritonpack {model}", lambda: TritonHttpClient(server.url, model),
+    """`model` served by `server`, whose log is its own (`Bench.serve` starts each server on an empty log)."""
+    settings = encoder_settings(repository, model)
+    computes = logged_computes(server.log_path.read_text(errors="replace"))
+    label = f"served tritonpack {model} ({encoder_precision(settings['framework'], computes)})"
+    return ServedSide("tritonpack", label, lambda: TritonHttpClient(server.url, model),
                       {"server": "tritonserver 2.51 (nvidia-pytriton)", "client": "tritonclient HTTP",
-                       "repository": str(repository), "encoder": encoder_settings(repository, model),
+                       "repository": str(repository), "encoder": describe_encoder(settings, computes),
+                       "encoder_computes": computes, "encoder_settings": settings,
                        "versions": versions(("nvidia-pytriton", "tritonclient", "openvino", "onnxruntime"))})
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from benchmarks import corpus, goals
 from benchmarks.meters import Run, alternate, ratio_summary, side_summary
-from benchmarks.sides import served_tritonpack
+from benchmarks.sides import describe_encoder, served_tritonpack
 from tritonpack import contracts
 from tritonpack.components import load_model_module
 
@@ -35,8 +35,6 @@ class SameEncoderInProcess:
         # the tokenizer's step, or the encoder's own where it reads the text
         tokenizer_dir = encoder_dir if "tokenizer" in params else repository / f"{model}_tokenizer"
         tok_params = config_parameters(parse_config((tokenizer_dir / "config.pbtxt").read_text()))
-        self.runtime = f"{params['framework']} {params.get('precision', 'fp32')}" + \
-            (f", packed ≤ {params['max_pack_tokens']} tokens" if "max_pack_tokens" in params else "")
         runner = load_model_module("framework_runner", "runner_batching")
         session = load_model_module("framework_runner", f"{params['framework']}_session")
 
@@ -49,6 +47,8 @@ class SameEncoderInProcess:
                                 "model_repository": str(encoder_dir), "model_version": "1"})
         if self.runner.warming is not None:  # pack shapes warm in the background: not timed
             self.runner.warming.join()
+        # the CPU picks the precision at load (and the reference check may fall back): the config only asks for one
+        self.runtime = describe_encoder(params, runner._computes(self.runner.session))
         self.pool = load_model_module("mean_pooling", "pooling").mean_pool
         tokenizer = load_model_module("tokenizer", "tokenize_text").TextTokenizer
         self.tokenizer = tokenizer.from_parameters(str(tokenizer_dir / "1" / "tokenizer.json"), tok_params,
@@ -87,6 +87,7 @@ def served_over_same_encoder(bench, server) -> dict:
     finally:
         served.close()
     return {"sentences_per_request": s.request_batch, "concurrency": 1, "encoder": in_process.runtime,
+            "served_encoder": served.details["encoder"],
             "served": side_summary(runs["served c=1"]), "in_process": side_summary(runs["in-process"]),
             "ratio": ratio_summary(runs["served c=1"], runs["in-process"],
                                    goals.SERVED_OVER_SAME_ENCODER_32_PER_REQUEST)}

@@ -28,14 +28,20 @@ def test_corpus_is_deterministic_and_fills_every_length_bucket_when_generated():
     assert max(s.tokens for s in sentences) > 200 and len({s.text for s in sentences}) > 150
 
 
-def test_held_out_sentences_are_distinct_untimed_and_go_beyond_256_tokens_when_generated():
-    timed = corpus.corpus(512, seed=5)
-    held = corpus.held_out(512, seed=5, timed=timed)
-    beyond = [s for s in held if s.tokens > corpus.MAX_TOKENS]
-    assert len(beyond) == 64 and all(s.bucket == corpus.TRUNCATED.name for s in beyond)
-    assert len({s.text for s in held}) == 512  # 9 of the 64 before were also timed, some twice over
-    assert not {s.text for s in held} & {s.text for s in timed}
-    assert sum(s.tokens <= 16 for s in held) >= 64
+def test_held_out_sentences_follow_the_corpus_mix_and_none_is_timed_canned_or_a_build_check_text():
+    from tritonpack.build.export_text_encoder import CHECK_TEXTS
+
+    for timed_count, count in ((512, 512), (48, 16)):  # the full bench's and the smoke run's
+        timed = corpus.corpus(timed_count, seed=5)
+        held = corpus.held_out(count, seed=5, timed=timed)
+        assert held == corpus.held_out(count, seed=5, timed=timed)
+        within = count - count // 8
+        mix = {b.name: round(within * share) for b, share in zip(corpus.BUCKETS, corpus.MIX, strict=True)}
+        assert {name: len(group) for name, group in corpus.by_bucket(held).items()} == \
+            {**mix, corpus.TRUNCATED.name: count // 8}  # short ones were 88 of 448 when skipping thinned them
+        texts = {s.text for s in held}
+        assert len(texts) == count and all(s.tokens == corpus.count_tokens(s.text) for s in held)
+        assert not texts & ({s.text for s in timed} | set(corpus._SHORT) | set(CHECK_TEXTS))  # "Thanks!" was one
 
 
 def test_vocabulary_texts_read_every_whole_word_row_of_the_embedding_table_within_256_tokens():
@@ -219,3 +225,55 @@ def test_clients_raise_the_error_when_a_client_cannot_be_made_instead_of_waiting
     thread.join(timeout=10)
     clients.close()
     assert not thread.is_alive() and "no tritonclient" in str(result[0].value)
+
+
+# what tritonserver's log holds for a line the runner logs through pb_utils.Logger at load
+TRITON_LOG_LINE = 'I1126 18:43:58.622056 24382 runner_batching.py:139] "{}"\n'
+
+
+def test_served_and_in_process_encoders_are_labelled_with_what_they_compute_on_this_cpu_not_the_configs_precision(
+        build_ensemble, model_folders, python_model, tmp_path):
+    from types import SimpleNamespace
+
+    from benchmarks.sides import served_tritonpack
+    from benchmarks.text_serving import SameEncoderInProcess
+    from tests import fake_pb_utils
+
+    repository = build_ensemble("bert").repository
+    in_process = SameEncoderInProcess(repository)
+    computes = in_process.runner.session.computes  # the CPU's pick at load: f32 throughout without native bf16
+    assert in_process.runtime == f"openvino {computes}; packed ≤ 256 tokens"
+    logged = len(fake_pb_utils.Logger.messages)
+    python_model(model_folders("bert")["bert_encoder"])  # the served encoder's model.py, logging as in Triton
+    log = tmp_path / "tritonserver.log"
+    log.write_text("".join(TRITON_LOG_LINE.format(message) for _, message in fake_pb_utils.Logger.messages[logged:]))
+    served = served_tritonpack(SimpleNamespace(url="127.0.0.1:1", log_path=log), repository)
+    assert served.label == f"served tritonpack bert (openvino {computes})"
+    assert served.details["encoder"] == in_process.runtime and served.details["encoder_computes"] == computes
+
+
+def test_served_encoder_precision_is_unknown_when_the_servers_log_does_not_say(build_ensemble, tmp_path):
+    from types import SimpleNamespace
+
+    from benchmarks.sides import served_tritonpack
+
+    log = tmp_path / "tritonserver.log"
+    log.write_text(TRITON_LOG_LINE.format("successfully loaded 'bert_encoder'"))
+    served = served_tritonpack(SimpleNamespace(url="127.0.0.1:1", log_path=log), build_ensemble("bert").repository)
+    assert served.label == "served tritonpack bert (openvino, precision unknown)"  # not the config's bf16
+    assert served.details["encoder_computes"] == "unknown"
+
+
+def test_served_over_same_encoder_row_names_what_each_sides_encoder_computes():
+    from benchmarks import report
+
+    same = {"sentences_per_request": 32, "ratio": meters.ratio_summary([Run(32, 1.0)], [Run(32, 1.0)], 0.9),
+            "encoder": "openvino bf16, bf16+f32 up to 16 tokens; packed ≤ 256 tokens",
+            "served_encoder": "openvino bf16, bf16+f32 up to 16 tokens; packed ≤ 256 tokens"}
+    row, = (r for r in report.summary_rows({"served_over_same_encoder": same}) if r["target"] is not None)
+    assert row["what"] == "served bert ÷ its own encoder in-process (both openvino bf16, bf16+f32 up to 16 tokens; " \
+        "packed ≤ 256 tokens), 32 sentences/request, c=1"
+    same["served_encoder"] = "openvino, precision unknown; packed ≤ 256 tokens"
+    row, = (r for r in report.summary_rows({"served_over_same_encoder": same}) if r["target"] is not None)
+    assert row["what"] == "served bert (openvino, precision unknown; packed ≤ 256 tokens) ÷ its own encoder " \
+        "in-process (openvino bf16, bf16+f32 up to 16 tokens; packed ≤ 256 tokens), 32 sentences/request, c=1"
