@@ -82,3 +82,51 @@ def test_decode_texts_keeps_unicode_when_bytes_are_utf8():
     texts = ["Ünïcödé 🚀", "中文", ""]
     array = np.array([[t.encode()] for t in texts], dtype=object)
     assert decode_texts(array, max_text_bytes=100) == texts
+
+
+def _long_texts() -> list[str]:
+    import random
+
+    rng = random.Random(7)
+    words = "the quick brown fox jumps over lazy dogs, café naïve résumé 東京 don't 3.14 tokenizers".split()
+    prose = [" ".join(rng.choice(words) for _ in range(n)) for n in (900, 3000, 12000)]
+    return prose + [
+        "few words " + " " * 6000 + "then many more words " * 2000,  # the start holds too few tokens: whole text
+        "東京都" * 8000,  # no space to cut at
+        "a\u0000b\u200bc " * 4000,  # characters the normaliser drops
+        "word " * 819 + "x" * 5000,  # one long word right after the cut
+    ]
+
+
+def test_tokenizer_gives_long_texts_the_tokens_of_the_whole_text_when_it_reads_only_their_start(tokenizer, source):
+    from tokenizers import Tokenizer
+
+    whole = Tokenizer.from_file(str(source.path / "tokenizer.json"))
+    whole.enable_truncation(max_length=source.max_seq_length)
+    texts = _long_texts()
+    expected = [e.ids for e in whole.encode_batch(texts)]
+    for batch in (texts, texts[:3], texts[3:]):
+        got = tokenizer(batch)
+        mask = got["attention_mask"].astype(bool)
+        assert [row[m].tolist() for row, m in zip(got["input_ids"], mask)] == [expected[texts.index(t)] for t in batch]
+
+
+def test_tokenizer_reads_a_long_texts_start_only_when_that_fills_its_tokens(tokenizer, source, monkeypatch):
+    seen: list[list[int]] = []
+    encode_batch = tokenizer.tokenizer.encode_batch
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(encode_batch.__self__, name)
+
+        def encode_batch(self, texts):
+            seen.append([len(t) for t in texts])
+            return encode_batch(texts)
+
+    monkeypatch.setattr(tokenizer, "tokenizer", Spy())
+    prose, few = _long_texts()[2], _long_texts()[3]
+    tokenizer([prose])
+    assert len(seen) == 1 and seen[0][0] <= source.max_seq_length * tokenize_text.START_CHARS_PER_TOKEN < len(prose)
+    seen.clear()
+    tokenizer([prose, few])
+    assert len(seen) == 2 and seen[1][1] == len(few) and seen[1][0] < len(prose)

@@ -48,6 +48,11 @@ class TextInput:
         return decode_texts(read_input(pb_utils, request, self.name), self.max_text_bytes, self.max_batch)
 
 
+# A long text is tokenized from its start: characters per kept token that a start is given before the whole text is
+# (a 64 KB text took ~45 ms to tokenize for the 256 tokens kept; its first 4,096 characters ~2 ms)
+START_CHARS_PER_TOKEN = 16
+
+
 class TextTokenizer:
     """Truncates at `max_length` and pads to the longest text of each call, as sentence-transformers does."""
 
@@ -57,6 +62,7 @@ class TextTokenizer:
         if pad_id is None:
             raise ValueError(f"pad token {pad_token!r} is not in the vocabulary of {tokenizer_file}")
         self.tokenizer.enable_truncation(max_length=max_length)
+        self.max_length = max_length
         self.tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token)
         self.with_token_type_ids = with_token_type_ids
 
@@ -68,7 +74,12 @@ class TextTokenizer:
                    with_token_type_ids=with_token_type_ids)
 
     def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
-        encodings = self.tokenizer.encode_batch(texts)
+        starts = [self._start(text) for text in texts]
+        encodings = self.tokenizer.encode_batch(starts)
+        if any(start is not text and not e.overflowing for start, text, e in zip(starts, texts, encodings)):
+            # a start that did not fill max_length (long whitespace, characters the normaliser drops): whole texts
+            encodings = self.tokenizer.encode_batch([start if e.overflowing else text
+                                                     for start, text, e in zip(starts, texts, encodings)])
         tensors = {
             "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
             "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
@@ -76,6 +87,14 @@ class TextTokenizer:
         if self.with_token_type_ids:
             tensors["token_type_ids"] = np.array([e.type_ids for e in encodings], dtype=np.int64)
         return tensors
+
+    def _start(self, text: str) -> str:
+        """A long text up to a space past `max_length * START_CHARS_PER_TOKEN` characters, else the text itself.
+        Cut at a space, the start's tokens are the whole text's first ones: where the start alone overflows
+        `max_length`, both truncate to the same tokens."""
+        limit = self.max_length * START_CHARS_PER_TOKEN
+        cut = text.rfind(" ", limit // 2, limit) if len(text) > limit else -1
+        return text[:cut] if cut > 0 else text
 
     def per_request(self, texts_per_request: list[list[str]]) -> list[dict[str, np.ndarray]]:
         """Tokenize all requests in one call, then give each request its rows trimmed to its own longest."""
