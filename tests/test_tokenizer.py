@@ -88,7 +88,8 @@ def _long_texts() -> list[str]:
     import random
 
     rng = random.Random(7)
-    words = "the quick brown fox jumps over lazy dogs, café naïve résumé 東京 don't 3.14 tokenizers".split()
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dogs,", "café", "naïve", "résumé", "東京",
+             "don't", "3.14", "tokenizers"]
     prose = [" ".join(rng.choice(words) for _ in range(n)) for n in (900, 3000, 12000)]
     return prose + [
         "few words " + " " * 6000 + "then many more words " * 2000,  # the start holds too few tokens: whole text
@@ -108,7 +109,7 @@ def test_tokenizer_gives_long_texts_the_tokens_of_the_whole_text_when_it_reads_o
     for batch in (texts, texts[:3], texts[3:]):
         got = tokenizer(batch)
         mask = got["attention_mask"].astype(bool)
-        assert [row[m].tolist() for row, m in zip(got["input_ids"], mask)] == [expected[texts.index(t)] for t in batch]
+        assert [row[m].tolist() for row, m in zip(got["input_ids"], mask, strict=True)] == [expected[texts.index(t)] for t in batch]
 
 
 def test_tokenizer_reads_a_long_texts_start_only_when_that_fills_its_tokens(tokenizer, source, monkeypatch):
