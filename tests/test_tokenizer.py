@@ -109,7 +109,8 @@ def test_tokenizer_gives_long_texts_the_tokens_of_the_whole_text_when_it_reads_o
     for batch in (texts, texts[:3], texts[3:]):
         got = tokenizer(batch)
         mask = got["attention_mask"].astype(bool)
-        assert [row[m].tolist() for row, m in zip(got["input_ids"], mask, strict=True)] == [expected[texts.index(t)] for t in batch]
+        got_ids = [row[m].tolist() for row, m in zip(got["input_ids"], mask, strict=True)]
+        assert got_ids == [expected[texts.index(t)] for t in batch]
 
 
 def test_tokenizer_reads_a_long_texts_start_only_when_that_fills_its_tokens(tokenizer, source, monkeypatch):
