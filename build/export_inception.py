@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonpack.cache import producer
+from tritonpack.errors import SpecError
 
 SEED = 0
 CLASSES = 1001
@@ -67,12 +68,28 @@ def load_graphdef(path: Path):
     return graph_def
 
 
-def check_contract(graph_def, where: str) -> None:
+def check_contract(graph_def) -> None:
     names = {n.name: n for n in graph_def.node}
     if INPUT not in names or names[INPUT].op != "Placeholder":
-        raise ValueError(f"{where}: no Placeholder named {INPUT!r}")
+        raise ValueError(f"no Placeholder named {INPUT!r}")
     if OUTPUT not in names:
-        raise ValueError(f"{where}: no node named {OUTPUT!r}")
+        raise ValueError(f"no node named {OUTPUT!r}")
+
+
+def given_graphdef(path: str):
+    """The user's frozen graph, checked; one that does not parse or lacks the contract is a SpecError."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        graph_def = load_graphdef(Path(path))
+        check_contract(graph_def)
+    except (DecodeError, ValueError) as e:
+        raise not_inception(path, (str(e).strip().splitlines() or [type(e).__name__])[0]) from None
+    return graph_def
+
+
+def not_inception(path: str, why: str) -> SpecError:
+    return SpecError(f"--weights {path}: not a frozen TF-slim Inception v3 graph ({why})")
 
 
 def run_graphdef(graph_def, images: np.ndarray) -> np.ndarray:
@@ -117,19 +134,19 @@ def export(out_dir: Path, graphdef: str | None = None, onnx: bool = False) -> di
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / "model.graphdef"
     if graphdef:
-        graph_def = load_graphdef(Path(graphdef))
-        check_contract(graph_def, graphdef)
+        graph_def = given_graphdef(graphdef)
         shutil.copyfile(graphdef, target)
         origin = f"frozen graph {Path(graphdef).name}"
     else:
         graph_def = keras_graphdef()
-        check_contract(graph_def, "keras InceptionV3")
+        check_contract(graph_def)
         target.write_bytes(graph_def.SerializeToString())
         origin = f"Keras InceptionV3(weights=None, classes={CLASSES}), random init, seed {SEED}"
     images = check_batch()
     expected = run_graphdef(load_graphdef(target), images)
     if expected.shape != (len(images), CLASSES):
-        raise ValueError(f"{origin}: output shape {expected.shape}, expected (batch, {CLASSES})")
+        why = f"output shape {expected.shape}, expected (batch, {CLASSES})"
+        raise not_inception(graphdef, why) if graphdef else ValueError(f"{origin}: {why}")
     info = {"weights": origin}
     artifacts = {"graphdef": target}
     if onnx:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tritonpack.build import torchscript
 from tritonpack.cache import producer
 from tritonpack.errors import SpecError
 
@@ -105,7 +106,7 @@ def max_rel_diff(expected: np.ndarray, actual: np.ndarray) -> float:
     return float(np.abs(expected - actual).max() / max(np.abs(expected).max(), 1e-12))
 
 
-@producer("resnet50", libraries=("torch", "transformers", "onnx"))
+@producer("resnet50", libraries=("torch", "transformers", "onnx"), code=(Path(torchscript.__file__),))
 def resnet50(out_dir: Path, weights: Path | None, fmt: str) -> None:
     """`model.pt` (fmt torchscript) or `model.onnx` (fmt onnx) of ResNet-50 from `weights` (None: see the module)."""
     export(out_dir, str(weights) if weights else None, formats=(fmt,))
@@ -133,7 +134,7 @@ def export(out_dir: Path, weights: str | None = None, opset: int = 17,
         if "torchscript" in formats:
             paths["torchscript"] = out_dir / "model.pt"
             with torch.no_grad():
-                torch.jit.trace(module, example[:1], strict=False).save(str(paths["torchscript"]))
+                torchscript.save(torch.jit.trace(module, example[:1], strict=False), paths["torchscript"])
             with torch.inference_mode():
                 traced = torch.jit.load(str(paths["torchscript"]))(example).numpy()
             diffs["torchscript"] = max_rel_diff(expected, traced)

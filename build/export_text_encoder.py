@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonpack import CARD_ROOT, contracts
+from tritonpack.build import torchscript
 from tritonpack.build.text_source import SentenceTransformerSource
 from tritonpack.cache import producer
 from tritonpack.components import load_model_module
@@ -210,7 +211,7 @@ def encoder_onnx(out_dir: Path, source: SentenceTransformerSource) -> None:
     _check("ONNX export", source, max_diff_on_real_tokens(_expected(source, inputs), actual, inputs["attention_mask"]))
 
 
-@producer("text-encoder-torchscript", libraries=("torch", "transformers"))
+@producer("text-encoder-torchscript", libraries=("torch", "transformers"), code=(Path(torchscript.__file__),))
 def encoder_torchscript(out_dir: Path, source: SentenceTransformerSource) -> None:
     """`model.pt`, traced with the inputs named like the forward's arguments (pytorch_libtorch's convention)."""
     import torch
@@ -220,7 +221,7 @@ def encoder_torchscript(out_dir: Path, source: SentenceTransformerSource) -> Non
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         traced = torch.jit.trace(_load(source.path), tensors, strict=False)
-    traced.save(str(out_dir / "model.pt"))
+    torchscript.save(traced, out_dir / "model.pt")
     with torch.inference_mode():
         actual = torch.jit.load(str(out_dir / "model.pt"))(*tensors).numpy()
     _check("TorchScript export", source,

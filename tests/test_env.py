@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -14,12 +15,24 @@ from pathlib import Path
 
 import pytest
 
+from tritonpack import envpack
 from tritonpack.archive import ArchiveLimits
 from tritonpack.check import check, inspect_env
-from tritonpack.components import Artifact, StepSettings, framework_model, python_model
+from tritonpack.components import Artifact, ModelFolder, StepSettings, framework_model, python_model
 from tritonpack.containers import container_python, containers_for
 from tritonpack.env import environment_for, envs_covering, required_modules
-from tritonpack.envpack import SHARED_OBJECT, EnvSpec, extra_strip, known_envs, local_python, pack_env, pack_prefix
+from tritonpack.envpack import (
+    SHARED_OBJECT,
+    EnvSpec,
+    compile_bytecode,
+    extra_strip,
+    known_envs,
+    local_python,
+    pack_env,
+    pack_prefix,
+    site_packages,
+    with_bytecode,
+)
 from tritonpack.errors import EnvError
 from tritonpack.library_sharing import INDEX, MODULE, PTH_LINE, STORE, share_libraries
 from tritonpack.spec import DynamicBatching, ModelSpec, Tensor
@@ -121,6 +134,53 @@ def test_pack_env_gives_same_bytes_when_packed_twice(tmp_path):
     assert_library_index_lists_every_shared_object(first.path, first.python)
     meta = json.loads(first.path.with_suffix("").with_suffix(".json").read_text())
     assert meta["compressed_bytes"] == first.path.stat().st_size
+
+
+# Python 3.10 (container 24.09's) writes a frozenset constant in its strings' hash order, random per process
+FROZENSET_MODULE = 'def known(x):\n    return x in {"alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta"}\n'
+HASH_ORDERED_PYTHON = "3.10"
+
+
+def pyc_bytes_of_two_compiles(tmp_path: Path, monkeypatch, compile_module) -> list:
+    """`compile_module(folder, source) -> pyc path` run twice, each in a fresh interpreter: the two .pyc files' bytes.
+    Without a local Python 3.10, what the compile was given instead, and what it must be: the string hash seed."""
+    source = tmp_path / "known.py"
+    source.write_text(FROZENSET_MODULE)
+    try:
+        local_python(HASH_ORDERED_PYTHON)
+    except EnvError:
+        seeds = []
+        monkeypatch.setattr(envpack, "local_python", lambda python: sys.executable)
+        monkeypatch.setattr(envpack, "_run", lambda cmd, **options: seeds.append(
+            options.get("env", os.environ).get("PYTHONHASHSEED")))
+        compile_module(tmp_path, source)
+        return [seeds, ["0"]]
+    return [compile_module(tmp_path / run, source).read_bytes() for run in ("a", "b")]
+
+
+def test_compile_bytecode_gives_the_same_pyc_bytes_when_a_set_of_strings_is_compiled_twice(tmp_path, monkeypatch):
+    def compile_in_env(folder: Path, source: Path) -> Path:
+        prefix = folder / "env"
+        site = site_packages(prefix, HASH_ORDERED_PYTHON)
+        site.mkdir(parents=True)
+        (prefix / "bin").mkdir()
+        (prefix / "bin" / "python").symlink_to(envpack.local_python(HASH_ORDERED_PYTHON))
+        shutil.copyfile(source, site / "known.py")
+        compile_bytecode(prefix, HASH_ORDERED_PYTHON)
+        return site / "known.pyc"
+
+    first, second = pyc_bytes_of_two_compiles(tmp_path, monkeypatch, compile_in_env)
+    assert first == second
+
+
+def test_with_bytecode_gives_the_same_pyc_bytes_when_a_set_of_strings_is_compiled_twice(tmp_path, monkeypatch):
+    def compile_model(folder: Path, source: Path) -> Path:
+        [compiled] = with_bytecode([ModelFolder(python_spec("known"), {"1/known.py": source})], HASH_ORDERED_PYTHON,
+                                   folder / "bytecode")
+        return next(path for name, path in compiled.files.items() if name.endswith(".pyc"))
+
+    first, second = pyc_bytes_of_two_compiles(tmp_path, monkeypatch, compile_model)
+    assert first == second
 
 
 def assert_bytecode_in_place_of_every_module(env: Path, python: str, tmp_path: Path) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -44,8 +46,27 @@ def test_export_inception_rejects_graph_when_contract_names_are_missing(tmp_path
         tf.identity(images, name="probabilities")
     path = tmp_path / "other.pb"
     path.write_bytes(graph.as_graph_def().SerializeToString())
-    with pytest.raises(ValueError, match="no Placeholder named 'input'"):
+    with pytest.raises(SpecError, match=f"--weights {path}: not a frozen TF-slim Inception v3 graph \\(no Placeholder "
+                                        "named 'input'\\)"):
         export_inception.export(tmp_path / "out", graphdef=str(path))
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    (b"not a graph", "Error parsing message"),  # protobuf's DecodeError ended in a traceback
+    (b"", "no Placeholder named 'input'"),  # parses as an empty GraphDef; its ValueError ended in a traceback too
+])
+def test_cli_build_says_in_one_line_when_inception_weights_are_not_a_frozen_graph(content, why, tmp_path, test_dist,
+                                                                                  capsys):
+    from tritonpack.cli import main
+
+    weights = tmp_path / "inception.pb"
+    weights.write_bytes(content)
+    dist = _dist_sharing_cache(tmp_path, test_dist)
+    argv = ["build", "dali_inception", "--target", "portable", "--weights", str(weights), "--dist", str(dist)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --weights {weights}: not a frozen TF-slim Inception v3 graph "
+                                               f"({why}"), err
 
 
 def _dist_sharing_cache(tmp_path, test_dist):
@@ -160,3 +181,45 @@ def test_resnet_export_uses_transformers_folder_when_weights_is_a_folder(tmp_pat
                                               layer_type="basic")).save_pretrained(tmp_path / "ten")
     with pytest.raises(SpecError, match="10 classes, expected 1000"):
         export_resnet50.load_module(str(tmp_path / "ten"))
+
+
+def test_resnet_torchscript_has_the_same_bytes_and_no_debug_records_whoever_calls_the_export(tmp_path):
+    """torch.jit.save wrote `*.debug_pkl` members holding the traced sources' absolute paths and the caller's Python
+    stack: an export called one function deeper gave another model.pt."""
+    import zipfile
+
+    import torch
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    from tritonpack.build import export_resnet50
+
+    torch.manual_seed(1)
+    model = ResNetForImageClassification(ResNetConfig(num_labels=1000, embedding_size=8, hidden_sizes=[8, 16],
+                                                      depths=[1, 1], layer_type="basic")).eval()
+    model.save_pretrained(tmp_path / "resnet")
+
+    export = textwrap.dedent("""
+        import sys
+        from pathlib import Path
+        from tritonpack.build.export_resnet50 import export
+
+        def from_a_build_script(*args, **kwargs):
+            export(*args, **kwargs)
+
+        caller = from_a_build_script if sys.argv[3] == "wrapped" else export
+        caller(Path(sys.argv[1]), sys.argv[2], formats=("torchscript",))
+    """)
+    for caller in ("direct", "wrapped"):  # fresh processes, as two builds: one process would mangle the class names
+        subprocess.run([sys.executable, "-c", export, str(tmp_path / caller), str(tmp_path / "resnet"), caller],
+                       check=True, capture_output=True)
+    direct, wrapped = tmp_path / "direct" / "model.pt", tmp_path / "wrapped" / "model.pt"
+    assert direct.read_bytes() == wrapped.read_bytes()
+    with zipfile.ZipFile(direct) as saved:
+        assert saved.testzip() is None
+        assert not [name for name in saved.namelist() if name.endswith(".debug_pkl")]
+        assert {info.date_time for info in saved.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+    pixels = torch.from_numpy(export_resnet50.check_batch(2))
+    with torch.inference_mode():
+        expected = model(pixel_values=pixels).logits.numpy()
+        actual = torch.jit.load(str(direct))(pixels).numpy()
+    assert export_resnet50.max_rel_diff(expected, actual) <= export_resnet50.MAX_REL_DIFF

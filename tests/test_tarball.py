@@ -15,9 +15,11 @@ import pytest
 
 from tests.conftest import BUILD_CACHE
 from tests.mme_support import aws_env, local_mme, models_folder, plain_step, runtime_for  # noqa: F401
+from tritonpack import builder
 from tritonpack.builder import BuildRequest, build, build_record
 from tritonpack.check import check
 from tritonpack.proc import command_line, mapped_files
+from tritonpack.repository import write_tarball
 from tritonpack.server import PYTHON_VERSION
 
 MANIFEST_KEYS = {"ensemble", "target", "sagemaker_triton_default_model_name", "build", "python_version",
@@ -121,10 +123,9 @@ def test_check_passes_the_default_tarball_and_refuses_the_local_repository(defau
 
 @pytest.fixture(scope="module")
 def no_env_build(tmp_path_factory):
-    """bert without its environment, and with a serving setting of its own: another build than the default (the
-    environment alone does not rename the steps: it is how the same models are packed)."""
-    return build(BuildRequest("bert", "portable", env=False, serving=(("max_text_bytes", "32768"),),
-                              dist=fresh_dist(tmp_path_factory, "no-env")))
+    """bert as the default but without its environment: the same models, other step folders (no
+    EXECUTION_ENV_PATH), so other step names."""
+    return build(BuildRequest("bert", "portable", env=False, dist=fresh_dist(tmp_path_factory, "no-env")))
 
 
 def test_tarball_names_its_steps_after_its_content_and_the_repository_keeps_plain_names(default_builds,
@@ -137,7 +138,9 @@ def test_tarball_names_its_steps_after_its_content_and_the_repository_keeps_plai
     ensemble = tarball_text(first.tarball, "bert/config.pbtxt")
     assert sorted(re.findall(r'model_name: "([^"]+)"', ensemble)) == sorted(steps.values())
     assert tarball_steps(second.tarball) == steps  # equal builds, equal names
-    assert set(tarball_steps(no_env_build.tarball).values()).isdisjoint(steps.values())  # another build
+    # the step names were taken over the local repository, which has no environment: a build with its environment
+    # and one without got the same names for different step folders, and on one MME one reloaded the other's steps
+    assert set(tarball_steps(no_env_build.tarball).values()).isdisjoint(steps.values())
     assert sorted(p.name for p in first.repository.iterdir() if p.is_dir()) == ["bert", "bert_encoder",
                                                                               "bert_tokenizer"]
 
@@ -167,6 +170,58 @@ def test_check_says_not_deployable_when_a_tarball_has_no_environment_for_what_it
     assert not report.ok
     assert sorted(p.reason.split(", which")[0] for p in report.problems) == [
         "not set, but the model imports openvino", "not set, but the model imports tokenizers"]
+
+
+def encoder_instances(config: str) -> int:
+    return int(re.search(r"instance_group \{[^}]*count: (\d+)", config)[1])
+
+
+def test_build_stopped_before_its_tarball_leaves_no_tarball_of_another_build_beside_its_repository(
+        tmp_path_factory, monkeypatch):
+    """dist/<slug>/ was replaced first, the tarball written after: a build that failed or was stopped between them
+    left the previous tarball beside the new repository, and `check` passed it (`make mme` served it)."""
+    dist = fresh_dist(tmp_path_factory, "stopped")
+    first = build(BuildRequest("bert", "portable", env=False, dist=dist))
+    repository, tarball = (first.repository / "bert_encoder" / "config.pbtxt").read_text(), first.tarball.read_bytes()
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    changed = BuildRequest("bert", "portable", env=False, serving=(("encoder_instances", "2"),), dist=dist)
+    monkeypatch.setattr(builder, "write_tarball", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        build(changed)
+    assert (first.repository / "bert_encoder" / "config.pbtxt").read_text() == repository
+    assert first.tarball.read_bytes() == tarball
+    assert sorted(p.name for p in dist.iterdir()) == ["bert-portable", "bert-portable.tar.gz", "cache"]
+
+    monkeypatch.undo()  # stopped while the new build is moved into place: the old tarball is gone first
+    monkeypatch.setattr(builder, "replace_folder", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        build(changed)
+    assert sorted(p.name for p in dist.iterdir()) == ["bert-portable", "cache"]
+
+    monkeypatch.undo()
+    second = build(changed)
+    steps = tarball_steps(second.tarball)
+    assert encoder_instances(tarball_text(second.tarball, f"{steps['bert_encoder']}/config.pbtxt")) == 2
+    assert encoder_instances((second.repository / "bert_encoder" / "config.pbtxt").read_text()) == 2
+
+
+def test_write_tarball_leaves_another_builds_unfinished_tarball_alone(tmp_path):
+    """Every writer wrote `<name>.tar.gz.partial`: two builds of one name at once wrote into one file."""
+    repository = tmp_path / "repository"
+    (repository / "model" / "1").mkdir(parents=True)
+    (repository / "model" / "config.pbtxt").write_text('name: "model"\n')
+    target = tmp_path / "bert-portable.tar.gz"
+    unfinished = target.with_name(f"{target.name}.partial")
+    unfinished.write_bytes(b"another build's tarball, half written")
+    write_tarball(repository, target)
+    assert unfinished.read_bytes() == b"another build's tarball, half written"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([repository.name, target.name, unfinished.name])
+    with tarfile.open(target) as tar:
+        assert tar.getnames() == ["model", "model/1", "model/config.pbtxt"]
+    assert target.stat().st_mode & 0o777 == 0o644
 
 
 def live_stubs(server) -> dict[int, str]:
@@ -240,9 +295,9 @@ def test_default_tarball_serves_through_the_local_mme_from_its_environment_alone
 @pytest.mark.server
 def test_local_mme_leaves_a_loaded_targets_stubs_running_when_another_build_loads(
         default_builds, no_env_build, tmp_path_factory, local_mme):  # noqa: F811
-    """Two builds of bert (the default, and one without its environment and with another serving setting) name
-    their steps apart: loading the second leaves the first's python stubs as they were. With shared step names
-    Triton reloaded them (new stubs, the encoder compiled again: docs/performance.md, sixteenth round)."""
+    """Two builds of bert (the default, and one without its environment) name their steps apart: loading the
+    second leaves the first's python stubs as they were. With shared step names Triton reloaded them (new stubs,
+    the encoder compiled again: docs/performance.md, sixteenth round)."""
     import numpy as np
 
     from tritonpack.payloads import embed_texts

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import onnx
@@ -56,6 +59,34 @@ def test_onnx_export_has_dynamic_batch_and_sequence_axes_when_exported(artifact_
         assert dims[0].dim_param and dims[1].dim_param, f"{value.name} has fixed batch or sequence axes"
     assert [i.name for i in graph.input] == ["input_ids", "attention_mask", "token_type_ids"]
     assert [o.name for o in graph.output] == ["token_embeddings"]
+
+
+def test_torchscript_export_has_the_same_bytes_and_no_debug_records_whoever_calls_it(tiny_model, tmp_path):
+    """torch.jit.save wrote `*.debug_pkl` members holding the traced sources' absolute paths and the caller's Python
+    stack: an export called one function deeper gave another model.pt."""
+    import zipfile
+
+    export = textwrap.dedent("""
+        import sys
+        from pathlib import Path
+        from tritonpack.build.export_text_encoder import encoder_torchscript
+        from tritonpack.build.text_source import SentenceTransformerSource
+
+        def export(out):
+            out.mkdir()
+            encoder_torchscript(out, source=SentenceTransformerSource.resolve(sys.argv[2]))
+
+        def from_a_build_script(out):
+            export(out)
+
+        (from_a_build_script if sys.argv[3] == "wrapped" else export)(Path(sys.argv[1]))
+    """)
+    for caller in ("direct", "wrapped"):  # fresh processes, as two builds: one process would mangle the class names
+        subprocess.run([sys.executable, "-c", export, str(tmp_path / caller), str(tiny_model), caller], check=True,
+                       capture_output=True)  # each checks what it saved, loaded again, against PyTorch
+    assert (tmp_path / "direct" / "model.pt").read_bytes() == (tmp_path / "wrapped" / "model.pt").read_bytes()
+    with zipfile.ZipFile(tmp_path / "direct" / "model.pt") as saved:
+        assert not [name for name in saved.namelist() if name.endswith(".debug_pkl")]
 
 
 def test_max_diff_ignores_padded_positions_when_they_differ():

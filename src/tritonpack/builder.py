@@ -7,8 +7,9 @@ repository and its reproducible MME tarball are written with a manifest.
 
 from __future__ import annotations
 
+import os
 import tempfile
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from tritonpack import ensembles
@@ -20,7 +21,7 @@ from tritonpack.contracts import IoNames
 from tritonpack.env import attach_environment, manifest_fields
 from tritonpack.envpack import with_bytecode
 from tritonpack.errors import SpecError, ToolUnavailable
-from tritonpack.repository import distinct_step_names, write_repository, write_tarball
+from tritonpack.repository import distinct_step_names, replace_folder, with_step_names, write_repository, write_tarball
 from tritonpack.server import PYTHON_VERSION
 from tritonpack.wiring import wiring_problems
 
@@ -135,18 +136,31 @@ def build(request: BuildRequest) -> BuildResult:
         "built_with_python": PYTHON_VERSION,  # minor only: the tarball bytes must not depend on the patch level
     }
     # The local repository runs in this interpreter's environment (the bundled Triton's stub); the tarball carries
-    # what the target container's Python lacks, step names of its own (`distinct_step_names`) and its models' bytecode
-    # (`with_bytecode`).
-    repository = write_repository(folders, dist / request.slug, {**manifest, **manifest_fields(folders, None),
-                                                                 "local_only": True})
-    folders = distinct_step_names(folders, repository)
+    # what the target container's Python lacks, its models' bytecode (`with_bytecode`) and step names of its own
+    # (`distinct_step_names`). Both are made in staging and swapped in together at the end (`publish`).
     python = request.env_python or container_python(request.container)
-    plan = attach_environment(folders, cache, python=python) if request.env else None
-    tarball = dist / f"{request.slug}.tar.gz"
+    dist.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{request.slug}-", dir=dist) as staging:
-        packed_folders = with_bytecode(plan.folders if plan else folders, python, Path(staging) / "bytecode")
-        packed = write_repository(packed_folders, Path(staging) / request.slug,
-                                  {**manifest, **manifest_fields(folders, plan)}, plan.top_files if plan else None,
-                                  link=True)
-        write_tarball(packed, tarball)
-    return BuildResult(repository, tarball)
+        staging = Path(staging)
+        local = write_repository(folders, staging / "local", {**manifest, **manifest_fields(folders, None),
+                                                              "local_only": True})
+        plan = attach_environment(folders, cache, python=python) if request.env else None
+        packed_folders = with_bytecode(plan.folders if plan else folders, python, staging / "bytecode")
+        top_files = plan.top_files if plan else {}
+        names = distinct_step_names(packed_folders, top_files)
+        if plan:
+            plan = replace(plan, users=[names.get(user, user) for user in plan.users])
+        packed_folders = with_step_names(packed_folders, names)
+        packed = write_repository(packed_folders, staging / request.slug,
+                                  {**manifest, **manifest_fields(packed_folders, plan)}, top_files, link=True)
+        return publish(local, write_tarball(packed, staging / f"{request.slug}.tar.gz"), dist, request.slug)
+
+
+def publish(repository: Path, tarball: Path, dist: Path, slug: str) -> BuildResult:
+    """Move a build's repository and tarball to `dist/<slug>/` and `dist/<slug>.tar.gz`. The old tarball goes first:
+    a build stopped here leaves no tarball beside a repository it was not built with (`check` would pass it)."""
+    result = BuildResult(dist / slug, dist / f"{slug}.tar.gz")
+    result.tarball.unlink(missing_ok=True)
+    replace_folder(repository, result.repository)
+    os.replace(tarball, result.tarball)
+    return result

@@ -209,8 +209,8 @@ def pack_prefix(prefix: Path, target: Path, python: str, method: str = "venv-pac
         raw.unlink(missing_ok=True)
 
 
-def _run(cmd: list[str]) -> None:
-    result = subprocess.run(cmd, capture_output=True, text=True)
+def _run(cmd: list[str], **options) -> None:
+    result = subprocess.run(cmd, capture_output=True, text=True, **options)
     if result.returncode != 0:
         raise EnvError(f"{' '.join(cmd[:3])} … failed ({result.returncode}):\n{result.stderr[-3000:]}")
 
@@ -284,9 +284,19 @@ def compile_bytecode(prefix: Path, python: str) -> None:
     prefix = prefix.resolve()
     site = site_packages(prefix, python)
     _run([str(prefix / "bin" / "python"), "-m", "compileall", "-q", "-b", "--invalidation-mode", "unchecked-hash",
-          "-s", str(prefix), str(site)])
+          "-s", str(prefix), str(site)], env=compile_environment(), cwd=prefix)
     for source in site.rglob("*.py"):
         source.unlink()
+
+
+def compile_environment() -> dict[str, str]:
+    """The environment a compile to bytecode runs in: none of the caller's PYTHON* settings (an optimisation level
+    would change the bytecode), a fixed string hash seed — Python 3.10 (24.09's) writes a frozenset constant, as in
+    `x in {"a", "b"}`, in its hash order, so with a random seed two packings gave different .pyc bytes — and no
+    bytecode written by imports (the env's `.pth` hook runs at the compiler's start: its `__pycache__` file would
+    carry the time)."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}, "PYTHONHASHSEED": "0",
+            "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 _COMPILE_MODULES = ("import json, py_compile, sys\n"
@@ -312,7 +322,9 @@ def with_bytecode(folders: list[ModelFolder], python: str, into: Path) -> list[M
         pycs = {f"{Path(r).parent}/__pycache__/{Path(r).stem}.{tag}.pyc": r for r in modules}
         jobs += [(str(folder.files[r]), str(into / folder.spec.name / pyc), r) for pyc, r in pycs.items()]
         out.append(ModelFolder(folder.spec, {**folder.files, **{pyc: into / folder.spec.name / pyc for pyc in pycs}}))
-    _run([interpreter, "-I", "-c", _COMPILE_MODULES, json.dumps(jobs)])
+    into.mkdir(parents=True, exist_ok=True)
+    # isolated as `-I` would (no user site, nothing of the caller's on sys.path), but `-I` would ignore the hash seed
+    _run([interpreter, "-s", "-c", _COMPILE_MODULES, json.dumps(jobs)], env=compile_environment(), cwd=into)
     return out
 
 

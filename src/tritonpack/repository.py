@@ -47,35 +47,52 @@ def write_repository(folders: Iterable[ModelFolder], out_dir: Path, manifest: Ma
                          for p in sorted(staging.rglob("*")) if p.is_file()}
             text = json.dumps({**manifest, "sha256": artifacts}, indent=2, sort_keys=True)
             (staging / MANIFEST).write_text(text + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
+        replace_folder(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out_dir
 
 
-def distinct_step_names(folders: Iterable[ModelFolder], repository: Path) -> list[ModelFolder]:
-    """The folders with each ensemble step renamed `<name>_<digest>`, the digest taken from the file hashes of
-    `repository` (these folders written with a manifest: every config and file); the ensembles keep their names (an
-    MME maps the target name onto the ensemble).
+def replace_folder(source: Path, target: Path) -> Path:
+    """Put folder `source` at `target` (same file system), removing what was there."""
+    if target.exists():
+        shutil.rmtree(target)
+    Path(source).rename(target)
+    return target
+
+
+def distinct_step_names(folders: Iterable[ModelFolder], top_files: Mapping[str, Path] | None = None) -> dict[str, str]:
+    """Each ensemble step's name in the MME tarball, `<name>_<digest>`: the digest is taken over the folders as they
+    are packed (every config and file, the environment's `EXECUTION_ENV_PATH` and bytecode included) and the
+    `top_files` beside them (the environment itself), so any difference in what a step runs renames it. The ensembles
+    keep their names (an MME maps the target name onto the ensemble).
 
     Why, for MME tarballs: each loaded target is its own repository (Triton's model namespacing), but a load polls
     its steps by name in every repository, and a step of an earlier target found that way is loaded again when its
     folder changed since its own load (its stub wrote the model's bytecode there): with shared step names, loading
     a target reloaded the steps of the target loaded before it (new stubs, its encoder compiled again;
-    docs/performance.md, sixteenth round). Builds of different models get different names; equal builds keep equal
-    names (the tarball stays reproducible; `envpack.with_bytecode` covers their copies)."""
-    hashes = json.loads((Path(repository) / MANIFEST).read_text())["sha256"]
-    suffix = hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()[:STEP_DIGEST_HEX]
-    steps = {f.spec.name: f"{f.spec.name}_{suffix}" for f in folders if not f.spec.is_ensemble}
+    docs/performance.md, sixteenth round). Builds whose step folders or environment differ get different names;
+    equal builds keep equal names (the tarball stays reproducible; `envpack.with_bytecode` covers their copies)."""
+    folders = list(folders)
+    digest = hashlib.sha256()
+    for folder in sorted(folders, key=lambda f: f.spec.name):
+        digest.update(f"model {folder.spec.name}\n{folder.spec.render()}\n".encode())
+        for relative, source in sorted(folder.files.items()):
+            digest.update(f"{folder.spec.name}/{relative}:{sha256_file(Path(source))}\n".encode())
+    for name, source in sorted((top_files or {}).items()):
+        digest.update(f"{name}:{sha256_file(Path(source))}\n".encode())
+    suffix = digest.hexdigest()[:STEP_DIGEST_HEX]
+    return {f.spec.name: f"{f.spec.name}_{suffix}" for f in folders if not f.spec.is_ensemble}
 
+
+def with_step_names(folders: Iterable[ModelFolder], names: Mapping[str, str]) -> list[ModelFolder]:
+    """The folders with each step renamed as `names` says, and the ensembles' step references with them."""
     def renamed(spec):
         if spec.is_ensemble:
-            return replace(spec, ensemble_steps=[replace(step, model_name=steps.get(step.model_name, step.model_name))
+            return replace(spec, ensemble_steps=[replace(step, model_name=names.get(step.model_name, step.model_name))
                                                  for step in spec.ensemble_steps])
-        return replace(spec, name=steps[spec.name])
+        return replace(spec, name=names.get(spec.name, spec.name))
 
     return [ModelFolder(renamed(f.spec), f.files) for f in folders]
 
@@ -110,10 +127,11 @@ def _normalised(info: tarfile.TarInfo) -> tarfile.TarInfo:
 def write_tarball(repo_dir: Path, tar_path: Path) -> Path:
     """The repository's model folders at the top level of a gzip tarball, byte-for-byte reproducible."""
     repo_dir, tar_path = Path(repo_dir), Path(tar_path)
-    tmp = tar_path.with_name(tar_path.name + ".partial")
     tar_path.parent.mkdir(parents=True, exist_ok=True)
+    # a name of its own beside the target: concurrent builds of one name each write their own, then replace in turn
+    handle, tmp = tempfile.mkstemp(prefix=f".{tar_path.name}-", suffix=".partial", dir=tar_path.parent)
     try:
-        with open(tmp, "wb") as raw, \
+        with open(handle, "wb") as raw, \
                 gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=FIXED_MTIME, compresslevel=6) as gz, \
                 tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for path in sorted(repo_dir.rglob("*")):
@@ -127,8 +145,9 @@ def write_tarball(repo_dir: Path, tar_path: Path) -> Path:
                         tar.addfile(info, f)
                 else:
                     tar.addfile(info)
-        tmp.replace(tar_path)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep the tarball from other users
+        os.replace(tmp, tar_path)
     except BaseException:  # a full disk, a link: no partial tarball is left to fill it further
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
         raise
     return tar_path
