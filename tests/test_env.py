@@ -352,3 +352,16 @@ def test_server_uses_packed_env_when_model_imports_module_only_the_env_has(probe
 ])
 def test_openvino_env_strip_keeps_cpu_plugin_and_ir_reader_when_packing(path, stripped):
     assert bool(extra_strip("openvino", "3.11").search(path)) is stripped
+
+
+def test_with_bytecode_compiles_into_the_folder_named_when_paths_are_relative(tmp_path, monkeypatch):
+    """The compiler runs inside `into`: relative paths named folders within it (`make bench` builds in dist/…)."""
+    monkeypatch.chdir(tmp_path)
+    Path("known.py").write_text("KNOWN = 1\n")
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    [compiled] = with_bytecode([ModelFolder(python_spec("known"), {"1/known.py": Path("known.py")})], python,
+                               Path("staging") / "bytecode")
+    [pyc] = [path for name, path in compiled.files.items() if name.endswith(".pyc")]
+    tag = python.replace(".", "")
+    assert pyc == tmp_path / "staging" / "bytecode" / "known" / "1" / "__pycache__" / f"known.cpython-{tag}.pyc"
+    assert pyc.is_file()

@@ -316,11 +316,13 @@ def with_bytecode(folders: list[ModelFolder], python: str, into: Path) -> list[M
     except EnvError:
         return folders
     tag = f"cpython-{python.replace('.', '')}"
+    into = Path(into).resolve()  # the compiler runs in `into`: a relative path would name a folder inside it
     out, jobs = [], []
     for folder in folders:
         modules = [r for r in sorted(folder.files) if r.endswith(".py")] if folder.spec.backend == "python" else []
         pycs = {f"{Path(r).parent}/__pycache__/{Path(r).stem}.{tag}.pyc": r for r in modules}
-        jobs += [(str(folder.files[r]), str(into / folder.spec.name / pyc), r) for pyc, r in pycs.items()]
+        jobs += [(str(Path(folder.files[r]).resolve()), str(into / folder.spec.name / pyc), r)
+                 for pyc, r in pycs.items()]
         out.append(ModelFolder(folder.spec, {**folder.files, **{pyc: into / folder.spec.name / pyc for pyc in pycs}}))
     into.mkdir(parents=True, exist_ok=True)
     # isolated as `-I` would (no user site, nothing of the caller's on sys.path), but `-I` would ignore the hash seed
