@@ -143,6 +143,7 @@ def test_tarball_names_its_steps_after_its_content_and_the_repository_keeps_plai
     assert set(tarball_steps(no_env_build.tarball).values()).isdisjoint(steps.values())
     assert sorted(p.name for p in first.repository.iterdir() if p.is_dir()) == ["bert", "bert_encoder",
                                                                               "bert_tokenizer"]
+    assert first.repository.stat().st_mode & 0o777 == 0o755  # readable by a server running as another user
 
 
 def test_tarball_ships_each_python_models_bytecode_hash_checked_for_the_target_python(default_builds):

@@ -32,6 +32,7 @@ def write_repository(folders: Iterable[ModelFolder], out_dir: Path, manifest: Ma
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    staging.chmod(0o755)  # mkdtemp's 0700 kept a server in a container running as another user out of it
     try:
         for folder in folders:
             model_dir = staging / folder.spec.name
