@@ -48,7 +48,7 @@ class SameEncoderInProcess:
         if self.runner.warming is not None:  # pack shapes warm in the background: not timed
             self.runner.warming.join()
         # the CPU picks the precision at load (and the reference check may fall back): the config only asks for one
-        self.runtime = describe_encoder(params, runner._computes(self.runner.session))
+        self.runtime = describe_encoder(params, runner.session_computes(self.runner.session))
         self.pool = load_model_module("mean_pooling", "pooling").mean_pool
         tokenizer = load_model_module("tokenizer", "tokenize_text").TextTokenizer
         self.tokenizer = tokenizer.from_parameters(str(tokenizer_dir / "1" / "tokenizer.json"), tok_params,

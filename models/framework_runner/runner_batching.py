@@ -114,13 +114,13 @@ class FrameworkRunnerModel:
             reference = {name: data[name] for name in data.files}
         expected, floor = reference.pop("embedding"), float(reference.pop("min_cosine"))
         inputs = {name: reference[name] for name in self.input_names}
-        cosine, computes = self._reference_cosine(inputs, expected), _computes(self.session)
+        cosine, computes = self._reference_cosine(inputs, expected), session_computes(self.session)
         while not cosine >= floor and getattr(self.session, "fallback", None):
             precision, described = self.session.fallback
             self._log("warn", f"{computes} on this CPU: min cosine {cosine:.6f} < {floor} on the build's "
                               f"{len(expected)} reference texts; running {described} instead")
             self.session = self.open_session(path, {**params, "precision": precision})
-            cosine, computes = self._reference_cosine(inputs, expected), _computes(self.session)
+            cosine, computes = self._reference_cosine(inputs, expected), session_computes(self.session)
         if not cosine >= floor:
             raise RuntimeError(f"{reference_path}: embeddings of its {len(expected)} reference texts reach min cosine "
                                f"{cosine:.6f} < {floor} ({computes} on this CPU): {params['artifact']} is not the "
@@ -327,7 +327,7 @@ class FrameworkRunnerModel:
         raise NotImplementedError
 
 
-def _computes(session) -> str:
+def session_computes(session) -> str:
     """The precision a session's matrix products run in on this CPU (bf16, f32); f32 when it does not say."""
     return getattr(session, "computes", "f32")
 
