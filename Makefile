@@ -66,9 +66,8 @@ mme-load: $(STAMP) ## local MME under locust load, faults injected on a schedule
 test: $(STAMP) ## run the test suite (unit tests and real-tritonserver tests)
 	$(BIN)/python -m pytest
 
-soak: $(STAMP) ## reliability soak: 10,000 mixed requests per ensemble, fuzzed archives, slow tests (figures: dist/soak/)
+soak: $(STAMP) ## reliability soak: 10,000 mixed requests per ensemble, fuzzed archives (figures: dist/soak/)
 	$(BIN)/python -m pytest -m soak -s tests/test_soak.py tests/test_mme_load.py
-	$(BIN)/python -m pytest -m slow
 	TRITONPACK_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest tests/test_archive_fuzz.py
 
 bench: $(STAMP) ## served bert side by side with its peers, memory, cold start (~20 min; first run makes the peer venvs) → dist/bench/report.md

@@ -111,6 +111,26 @@ def test_request_guard_refuses_request_when_triton_would_not_answer_4xx(case):
     assert infer_request_problem(case.request.body, case.request.header_length) is not None
 
 
+def _body(shape) -> bytes:
+    return json.dumps({"inputs": [{"name": "TEXT", "shape": shape, "datatype": "BYTES", "data": []}]}).encode()
+
+
+@pytest.mark.parametrize(("body", "header_length", "reason"), [
+    (b"", None, "empty request body"),
+    (_body([2**32, 0]), None, "'shape' must be a list of integers in [0, 2147483647], got [4294967296, 0]"),
+    (_body([-1, 1]), None, "'shape' must be a list of integers in [0, 2147483647], got [-1, 1]"),
+    (_body([65536, 65536]), None, "shape [65536, 65536] has more than 2147483647 elements"),
+    (_body([1, 1]), "1000", "Inference-Header-Content-Length 1000 is outside the body's"),
+    (_body([1, 1]), "ten", "Inference-Header-Content-Length 'ten' is not an integer"),
+    (b"[1]", None, "request must be a JSON object, got list"),
+], ids=["empty", "dim_wraps_zero_elements", "negative_dim", "too_many_elements", "header_past_body",
+        "header_not_a_number", "not_an_object"])
+def test_request_guard_names_the_rule_a_request_breaks_when_only_that_rule_catches_it(body, header_length, reason):
+    """Each case breaks one rule alone: the hostile corpus's cases are caught by several, so a rule could go."""
+    problem = infer_request_problem(body, header_length)
+    assert problem is not None and reason in problem, problem
+
+
 @pytest.mark.parametrize("request_", [hostile.text_request(["hello", "world"]),
                                       hostile.json_request([{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES",
                                                              "data": ["hello"]}]),

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -53,9 +56,14 @@ def tarball_steps(tarball: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def default_builds(tmp_path_factory):
     """bert portable's default tarball, its environment packed for the local stub's Python (the only one this
-    Triton runs), built twice into two different folders."""
-    return [build(BuildRequest("bert", "portable", env_python=PYTHON_VERSION, dist=fresh_dist(tmp_path_factory, d)))
-            for d in ("d0", "d1")]
+    Triton runs), built twice into two different folders: the second by another process with its own string-hash
+    seed, so an order taken from a set or a hash would show in the bytes."""
+    first = build(BuildRequest("bert", "portable", env_python=PYTHON_VERSION, dist=fresh_dist(tmp_path_factory, "d0")))
+    dist = fresh_dist(tmp_path_factory, "d1")
+    subprocess.run([sys.executable, "-c", "import sys; from tritonpack.cli import main; sys.exit(main(sys.argv[1:]))",
+                    "build", "bert", "--target", "portable", "--env-python", PYTHON_VERSION, "--dist", str(dist)],
+                   env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True, capture_output=True)
+    return [first, builder.BuildResult(dist / "bert-portable", dist / "bert-portable.tar.gz")]
 
 
 def test_manifest_names_local_inputs_by_their_name_whatever_path_reached_them(tmp_path, monkeypatch):

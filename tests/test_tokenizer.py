@@ -73,9 +73,14 @@ def test_decode_texts_rejects_request_when_bytes_are_not_utf8():
         decode_texts(np.array([[b"ok"], [b"\xff\xfe"]], dtype=object), max_text_bytes=100)
 
 
-def test_decode_texts_rejects_request_when_text_exceeds_byte_limit():
-    with pytest.raises(ClientError, match="exceeds the limit of 10"):
+def test_decode_texts_accepts_the_limits_and_refuses_one_past_each():
+    assert decode_texts(np.array([[b"x" * 10]], dtype=object), max_text_bytes=10) == ["x" * 10]
+    with pytest.raises(ClientError, match="TEXT element of 11 bytes exceeds the limit of 10"):
         decode_texts(np.array([[b"x" * 11]], dtype=object), max_text_bytes=10)
+    assert decode_texts(np.array([[b"a"], [b"b"]], dtype=object), max_text_bytes=10, max_batch=2) == ["a", "b"]
+    # Triton refuses more rows than max_batch_size first; the count is checked again before anything is decoded
+    with pytest.raises(ClientError, match="TEXT has 3 elements, more than the limit of 2"):
+        decode_texts(np.array([[b"a"], [b"b"], [b"\xff"]], dtype=object), max_text_bytes=10, max_batch=2)
 
 
 def test_decode_texts_keeps_unicode_when_bytes_are_utf8():
