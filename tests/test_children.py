@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -70,3 +71,28 @@ def test_a_program_that_cannot_start_raises_as_popen_does_and_one_that_starts_ge
     expected = ignored_signals(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
     # Python ignores SIGPIPE and SIGXFSZ, and exec kept that; Popen restores them (what the shell ignored stays)
     assert ignored_signals(start_child(command, stdout=subprocess.PIPE, text=True).communicate()[0]) == expected
+
+
+def test_start_child_ends_the_child_it_forked_when_interrupted_before_returning_it(monkeypatch):
+    """Ctrl-C while start_child waited for the fork or the exec lost the child: a tritonserver then ran on, its
+    stubs and /dev/shm regions with it, after `serve` had said "stopped"."""
+    forked = []
+    popen = subprocess.Popen
+
+    def forked_then_interrupted(*args, **kwargs):  # the signal comes after the fork, before start_child returns
+        forked.append(popen(*args, **kwargs))
+        os.kill(os.getpid(), signal.SIGINT)
+        return forked[0]
+
+    monkeypatch.setattr(subprocess, "Popen", forked_then_interrupted)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            start_child(["sleep", "300"], start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        monkeypatch.undo()
+    try:
+        assert forked[0].wait(timeout=10) == -signal.SIGKILL
+    finally:
+        kill_and_reap([forked[0].pid] if forked[0].poll() is None else [], [])

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -105,6 +107,12 @@ MISTAKES = {  # argv → what the one line says; each used to end in a traceback
                           "error: nothing answers at 127.0.0.1:{port} (Connection refused)"),
     "https": (["infer", "hello", "--url", "https://127.0.0.1:{port}"],
               "error: --url https://127.0.0.1:{port}: Triton's HTTP endpoint as host:port"),
+    # tritonclient's ValueError, and "Exception ignored in InferenceServerClient.__del__" after it
+    "url port out of range": (["infer", "hello", "--url", "127.0.0.1:99999"],
+                              "error: --url 127.0.0.1:99999: Triton's HTTP endpoint as host:port (or http://host:port) "
+                              "with a port of 1-65535, e.g. 127.0.0.1:8000"),
+    "url port not a number": (["infer", "hello", "--url", "127.0.0.1:abc"],
+                              "error: --url 127.0.0.1:abc: Triton's HTTP endpoint as host:port"),
     "tarball missing": (["upload", "{tmp}/bert.tar.gz", "s3://bucket/models/"],
                         "error: {tmp}/bert.tar.gz: no such file"),
     "envs folder not creatable": (["env", "text", "--out", "/proc/tritonpack-envs"],
@@ -287,3 +295,88 @@ def test_docker_command_names_the_container_the_repository_was_built_for(tmp_pat
 def test_cli_env_names_a_misspelt_environment_before_creating_its_output_folder(tmp_path, capsys):
     assert main(["env", "txet", "--out", str(tmp_path / "envs")]) == 2
     assert "error: no environment 'txet'" in capsys.readouterr().err and not (tmp_path / "envs").exists()
+
+
+def test_cli_infer_ends_at_once_with_one_line_when_interrupted_while_the_server_does_not_answer():
+    """Ctrl-C while tritonclient waited for an answer: gevent's hub printed it, then Python's traceback followed."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent.settimeout(60)
+        argv = ["infer", "hello", "--url", f"127.0.0.1:{silent.getsockname()[1]}"]
+        with subprocess.Popen([sys.executable, "-m", "tritonpack.cli", *argv], stderr=subprocess.PIPE,
+                              text=True) as command:
+            connection, _ = silent.accept()
+            with connection:
+                assert connection.recv(65536).startswith(b"POST /v2/models/bert/infer")  # now waiting for an answer
+                interrupted = time.monotonic()
+                command.send_signal(signal.SIGINT)
+                said = command.communicate(timeout=30)[1]
+    assert (command.returncode, said) == (130, "interrupted\n") and time.monotonic() - interrupted < 10
+
+
+@pytest.mark.parametrize("answer", [b"\x00\x00\x12\x04\x00\x00\x00\x00\x00not http\r\n\r\n",
+                                    b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nnot json"],
+                         ids=["not http", "not json"])
+def test_cli_infer_says_in_one_line_when_the_url_does_not_answer_as_triton(answer, capsys):
+    """What answered there (the gRPC port, another HTTP service) ended in geventhttpclient's or rapidjson's
+    traceback."""
+    import socket
+    import threading
+
+    def answer_once(listener: socket.socket) -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            connection.sendall(answer)
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(60)
+        answering = threading.Thread(target=answer_once, args=(listener,))
+        answering.start()
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        try:
+            assert main(["infer", "hello", "--url", address]) == 2
+        finally:
+            answering.join()
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {address} did not answer as Triton's HTTP endpoint (is it the gRPC port, 8001?): pass the HTTP "
+        f"port as --url, e.g. 127.0.0.1:8000"]
+
+
+def test_cli_says_interrupted_and_exits_130_when_ctrl_c_comes_before_serve_starts_tritonserver(tmp_path,
+                                                                                              monkeypatch, capsys):
+    """Ctrl-C while serve checked the repository (hashing its files) ended in a traceback."""
+    from tests.mme_support import python_model_repository
+    from tritonpack import check
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(check, "check", interrupted)
+    try:
+        assert main(["serve", str(python_model_repository(tmp_path / "repo", "m"))]) == 130
+    except KeyboardInterrupt:  # let through, it would end the test session
+        pytest.fail("the interrupt went through main() as a traceback")
+    assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_stop_signals_after_the_first_are_ignored_while_the_command_stops():
+    """A second Ctrl-C while start() stopped an interrupted tritonserver left its stubs and regions behind."""
+    from tritonpack.cli import stopped_by_signals
+
+    before = signal.getsignal(signal.SIGINT)
+    with stopped_by_signals():
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+        except KeyboardInterrupt:
+            pytest.fail("a second stop signal interrupted the stopping")
+    assert signal.getsignal(signal.SIGINT) is before

@@ -5,7 +5,9 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -70,7 +72,7 @@ def test_server_keeps_a_log_path_it_was_given_when_stopped(tmp_path):
     assert "Started HTTPService" in log.read_text()
 
 
-def test_server_raises_with_log_tail_when_repository_is_broken(tmp_path):
+def test_server_raises_one_line_naming_its_log_when_repository_is_broken(tmp_path):
     model = tmp_path / "broken"
     (model / "1").mkdir(parents=True)
     (model / "config.pbtxt").write_text('name: "broken"\nbackend: "python"\nmax_batch_size: 0\n')
@@ -79,9 +81,10 @@ def test_server_raises_with_log_tail_when_repository_is_broken(tmp_path):
     with pytest.raises(ServerError, match="before it was ready|not ready") as error:
         server.start()
     assert str(server.log_path) in str(error.value)
-    # the first line says why, in Triton's words, without the traceback that follows them in the log
-    assert str(error.value).splitlines()[0].endswith("before it was ready: failed to load 'broken' version 1: "
-                                                     f"Internal: RuntimeError: cannot load me; log: {server.log_path}")
+    # one line saying why, in Triton's words, without the traceback that follows them in the log nor its tail
+    said = str(error.value)
+    assert "\n" not in said and said.endswith("before it was ready: failed to load 'broken' version 1: Internal: "
+                                              f"RuntimeError: cannot load me; log: {server.log_path}")
     assert server.process_group_pids() == []  # start() stopped what it started: no stop() needed
     assert "cannot load me" in server.log_path.read_text(), "the log the error names is gone"
 
@@ -151,3 +154,73 @@ def test_serve_killed_with_sigkill_leaves_no_tritonserver_behind(tmp_path):
     left = serving(repository)
     kill_and_reap(left, group)
     assert left == []
+
+
+def test_server_start_leaves_no_process_or_shm_region_when_interrupted_before_its_wait_for_readiness(tmp_path,
+                                                                                                     monkeypatch):
+    """Ctrl-C after tritonserver was forked but before start() waited for it (a slow exec on a loaded machine) lost
+    the process: it served on with its stubs and their /dev/shm regions, after `serve` had said "stopped"."""
+    from tritonpack import server as server_module
+
+    repository = python_model_repository(tmp_path / "repo", "m")
+    start_child, seen = server_module.start_child, {}
+
+    def interrupted_once_a_stub_runs(*args, **kwargs):
+        process = start_child(*args, **kwargs)
+        deadline = time.monotonic() + 60
+        while not seen.get("regions") and time.monotonic() < deadline:
+            seen["regions"] = proc.mapped_shm_regions(process.pid)
+            time.sleep(0.05)
+        seen["group"] = proc.group_members(process.pid)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(server_module, "start_child", interrupted_once_a_stub_runs)
+    server = TritonServer(repository)
+    with pytest.raises(KeyboardInterrupt):
+        server.start()
+    shutil.rmtree(server.log_path.parent)
+    left = [pid for pid in seen["group"] if (found := proc.stat(pid)) and not found.exited]
+    regions_left = {region for region in seen["regions"] if (proc.SHM / region).exists()}
+    kill_and_reap(left, seen["group"])
+    for region in regions_left:
+        (proc.SHM / region).unlink()
+    assert seen["regions"] and len(seen["group"]) >= 2, "no stub started"
+    assert left == [] and regions_left == set()
+
+
+def test_server_says_in_one_line_which_port_is_taken_when_another_process_holds_it(tmp_path):
+    """A taken --http-port ended in Triton's error followed by 30 lines of its log."""
+    from tritonpack.server import PortInUse
+
+    repository = python_model_repository(tmp_path / "repo", "m")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = TritonServer(repository, http_port=port, startup_timeout_s=60)
+        with pytest.raises(PortInUse) as error:
+            server.start()
+    assert error.value.port == port
+    assert str(error.value) == (f"tritonserver exited with 1 before it was ready: failed to start HTTP service: "
+                                f"Unavailable - Socket '127.0.0.1:{port}' already in use; log: {server.log_path}")
+    assert server.process_group_pids() == []
+    shutil.rmtree(server.log_path.parent)
+
+
+def test_serve_names_the_fix_in_one_line_when_the_http_port_asked_for_is_taken(tmp_path, capsys):
+    """33 lines (Triton's error, then 30 of its log) and no word of what to do."""
+    from tritonpack.cli import main
+
+    repository = python_model_repository(tmp_path / "repo", "m")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", str(repository), "--http-port", str(port)]) == 2
+    out, err = capsys.readouterr()
+    log = out.split("log: ")[1].split()[0]
+    assert err.splitlines() == [f"error: --http-port {port} is taken by another process: choose another --http-port, "
+                                f"or 0 for a free one; log: {log}"]
+    assert "already in use" in Path(log).read_text()
+    assert serving(repository) == []
+    shutil.rmtree(Path(log).parent)

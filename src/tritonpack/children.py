@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
+from contextlib import suppress
+from functools import partial
 
 _LAUNCHER = """\
 import ctypes, os, signal, sys
@@ -39,29 +43,54 @@ _lock = threading.Lock()
 _forker: tuple[threading.Thread, queue.SimpleQueue] | None = None
 
 
-def start_child(command: list[str], **popen_kwargs) -> subprocess.Popen:
+def start_child(command: list[str], started: Callable[[subprocess.Popen], None] | None = None,
+                **popen_kwargs) -> subprocess.Popen:
     """`subprocess.Popen(command, **popen_kwargs)`, whose process gets SIGTERM when this process dies. Like Popen, it
-    raises OSError (FileNotFoundError, PermissionError …) when `command[0]` cannot be executed."""
+    raises OSError (FileNotFoundError, PermissionError …) when `command[0]` cannot be executed.
+
+    Interrupted (Ctrl-C) before it returns, it kills the child it forked meanwhile (its process group, if it leads
+    one). `started` gets the process as soon as it is forked: a caller interrupted just after this returns holds it."""
     thread, jobs = _forking_thread()
     read_end, write_end = os.pipe()
     launcher = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(write_end), str(os.getpid()), str(thread.native_id),
                 *command]
     future: Future = Future()
+    future.add_done_callback(lambda _: os.close(write_end))  # once forked: the child holds its own copy
     try:
         jobs.put((future, launcher, {**popen_kwargs, "pass_fds": (*popen_kwargs.get("pass_fds", ()), write_end)}))
         process = future.result()
+        if started is not None:
+            started(process)
+        failed = _exec_error(read_end)
     except BaseException:
-        os.close(read_end)
+        future.add_done_callback(partial(_kill_forked, own_group=bool(popen_kwargs.get("start_new_session"))))
         raise
     finally:
-        os.close(write_end)
-    with os.fdopen(read_end, "rb") as errors:
-        failed = errors.read()
+        os.close(read_end)
     if failed:
         process.wait()
-        errno = int(failed)
-        raise OSError(errno, os.strerror(errno), command[0])
+        raise OSError(failed, os.strerror(failed), command[0])
     return process
+
+
+def _exec_error(read_end: int) -> int:
+    """The errno the launcher writes when it cannot exec the program; 0 when the exec closed the pipe."""
+    with os.fdopen(read_end, "rb", closefd=False) as errors:
+        failed = errors.read()
+    return int(failed) if failed else 0
+
+
+def _kill_forked(future: Future, own_group: bool) -> None:
+    """SIGKILL and reap the child `future` forked, if it forked one."""
+    if future.exception() is not None:
+        return
+    process = future.result()
+    with suppress(ProcessLookupError):
+        if own_group:
+            os.killpg(process.pid, signal.SIGKILL)
+        else:
+            process.kill()
+    process.wait()
 
 
 def _forking_thread() -> tuple[threading.Thread, queue.SimpleQueue]:

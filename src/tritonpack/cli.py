@@ -102,7 +102,7 @@ def build_hint(repository: Path) -> str:
 
 
 def cmd_serve(args) -> int:
-    from tritonpack.server import TritonServer, native_backends, stub_path_problem
+    from tritonpack.server import PortInUse, TritonServer, native_backends, stub_path_problem
 
     repository = Path(args.repository)
     if repository.is_file():
@@ -139,7 +139,19 @@ def cmd_serve(args) -> int:
     except KeyboardInterrupt:  # while it was loading: start() stopped it
         print("interrupted before tritonserver was ready; stopped", file=sys.stderr)
         return 130
+    except PortInUse as e:
+        option = port_option(args, e.port)
+        if option is None:  # a free port chosen here, and taken since
+            raise
+        raise UserError(f"{option} {e.port} is taken by another process: choose another {option}, or 0 for a free "
+                        f"one; log: {server.log_path}") from None
     return 0
+
+
+def port_option(args: argparse.Namespace, port: int) -> str | None:
+    """The option of `serve` that asked for `port`, or None."""
+    given = [option for option in ("http_port", "grpc_port", "metrics_port") if getattr(args, option) == port]
+    return "--" + given[0].replace("_", "-") if given else None
 
 
 def refuse_what_would_not_load(repository: Path) -> None:
@@ -160,6 +172,9 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _interrupt(*_) -> None:
+    """The first stop signal interrupts; those after it are ignored, so that stopping runs to its end."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -315,7 +330,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        return run_command(parser().parse_args(argv))
+    except KeyboardInterrupt:  # Ctrl-C: whatever the command started has stopped on the way out
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def run_command(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except UserError as e:  # the user's to fix: one line, no traceback

@@ -43,11 +43,12 @@ def embed(url: str, model: str, texts: Sequence[str | bytes], client=None,
 
 def served_embeddings(url: str, model: str, texts: Sequence[str | bytes]) -> np.ndarray:
     """`embed` for the command line: a server that cannot be reached, or that answers an error, is one line."""
+    from http.client import HTTPException
+
     from tritonclient.utils import InferenceServerException
 
-    scheme, _, address = url.rpartition("://")
-    if scheme not in ("", "http"):
-        raise UserError(f"--url {url}: Triton's HTTP endpoint as host:port (or http://host:port)")
+    address = http_address(url)
+    quiet_interrupts()
     try:
         return embed(address, model, texts)
     except TimeoutError:  # an OSError too, but something listens there: it did not answer in time
@@ -58,6 +59,28 @@ def served_embeddings(url: str, model: str, texts: Sequence[str | bytes]) -> np.
                         f"`tritonpack serve dist/bert-portable --http-port 8000`, or pass its --url") from None
     except InferenceServerException as e:
         raise TritonpackError(f"{model} at {address}: {e.message()}") from None
+    except (HTTPException, ValueError):  # not HTTP (geventhttpclient's HTTPParseError), or not JSON (rapidjson's)
+        raise UserError(f"{address} did not answer as Triton's HTTP endpoint (is it the gRPC port, 8001?): pass "
+                        f"the HTTP port as --url, e.g. 127.0.0.1:8000") from None
+
+
+def quiet_interrupts() -> None:
+    """Ctrl-C while tritonclient waits reaches gevent's hub, which printed it before handing it on to the caller."""
+    import gevent
+
+    hub = gevent.get_hub()
+    if not issubclass(KeyboardInterrupt, hub.NOT_ERROR):
+        hub.NOT_ERROR = (*hub.NOT_ERROR, KeyboardInterrupt)
+
+
+def http_address(url: str) -> str:
+    """host:port of `--url` (host:port or http://host:port), refused in one line when it is not that."""
+    scheme, _, address = url.rpartition("://")
+    host, _, port = address.rpartition(":")
+    if scheme not in ("", "http") or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"--url {url}: Triton's HTTP endpoint as host:port (or http://host:port) with a port of "
+                        f"1-65535, e.g. 127.0.0.1:8000")
+    return address
 
 
 def scores(url: str, model: str, images: Sequence[bytes], client=None,

@@ -28,8 +28,17 @@ from tritonpack import proc
 from tritonpack.children import start_child
 from tritonpack.errors import ServerError
 
+SOCKET_IN_USE = re.compile(r"Socket '[^']*:(\d+)' already in use")  # Triton's words for a port that is taken
 LOG_ERROR = re.compile(r"E\d{4} [\d:.]+ +\d+ [^\]]*\] (.*)")  # glog's error lines, as tritonserver writes them
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"  # of the local python stub (this interpreter)
+
+
+class PortInUse(ServerError):
+    """tritonserver could not listen on `port`: another process holds it."""
+
+    def __init__(self, message: str, port: int):
+        super().__init__(message)
+        self.port = port
 
 
 def local_python_has(module: str) -> bool:
@@ -150,6 +159,7 @@ class TritonServer:
     _stubs: dict[int, str] = field(default_factory=dict, repr=False)
     _regions: set[str] = field(default_factory=set, repr=False)
     _owns_log_dir: bool = field(default=False, repr=False)
+    _stopped: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         chosen = iter(free_ports(3, taken=(self.http_port, self.grpc_port, self.metrics_port, *self.taken_ports)))
@@ -183,6 +193,19 @@ class TritonServer:
         return cmd + list(self.extra_args)
 
     def start(self, wait_ready: bool = True) -> TritonServer:
+        """Start tritonserver and (by default) wait until it is ready. Interrupted (Ctrl-C) or failing at any point,
+        it stops what it started, log kept, before raising."""
+        try:
+            self._launch()
+            if wait_ready:
+                self.wait_ready()
+        except BaseException:
+            self.keep_log = True
+            self.stop()
+            raise
+        return self
+
+    def _launch(self) -> None:
         _become_subreaper()
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = server_library_path()
@@ -191,11 +214,11 @@ class TritonServer:
         env.update(self.env)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.process = start_child(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True)
-        if wait_ready:
-            self.wait_ready()
-        return self
+            start_child(self.command(), started=self._hold, stdout=log, stderr=subprocess.STDOUT, env=env,
+                        start_new_session=True)
+
+    def _hold(self, process: subprocess.Popen) -> None:
+        self.process = process
 
     def _get(self, path: str, timeout: float = 2.0) -> int:
         try:
@@ -221,9 +244,7 @@ class TritonServer:
         try:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
-                    error = self.last_error()
-                    raise ServerError(f"tritonserver exited with {self.process.returncode} before it was ready"
-                                      f"{': ' + error if error else ''}; log: {self.log_path}\n{self.log_tail()}")
+                    raise self._early_exit_error()
                 if probe():
                     self.stub_models()
                     return
@@ -234,6 +255,17 @@ class TritonServer:
             self.keep_log = True
             self.stop()
             raise
+
+    def _early_exit_error(self) -> ServerError:
+        """Why tritonserver exited before it was ready: one line when its log says (a port another process holds is
+        a PortInUse), else the log's tail."""
+        said = f"tritonserver exited with {self.process.returncode} before it was ready"
+        error = self.last_error()
+        if not error:
+            return ServerError(f"{said}; log: {self.log_path}\n{self.log_tail()}")
+        if taken := SOCKET_IN_USE.search(error):
+            return PortInUse(f"{said}: {error}; log: {self.log_path}", int(taken.group(1)))
+        return ServerError(f"{said}: {error}; log: {self.log_path}")
 
     def last_error(self) -> str:
         """The message of the last error line in the log (`E1126 15:33:19.39 6979 main.cc:270] "…"`) up to its
@@ -297,8 +329,10 @@ class TritonServer:
         are gone, and the stubs are reaped, so nothing of the server outlives stop(). The log folder this object
         made goes too, unless it is to be kept or something failed (the server did not get ready, exited on its own
         or with an error, or a stub died): then the log stays where the error named it.
+
+        Once stopped, a second call does nothing: the server's process group id may be another's by then.
         """
-        if self.process is None:
+        if self.process is None or self._stopped:
             return
         pgid = self.process.pid
         regions = self.stub_shm_regions()
@@ -325,6 +359,7 @@ class TritonServer:
                 (proc.SHM / region).unlink()
         if self._owns_log_dir and not self.keep_log and self.process.returncode == 0:
             shutil.rmtree(self.log_path.parent, ignore_errors=True)
+        self._stopped = True
 
     def __enter__(self) -> TritonServer:
         return self.start() if self.process is None else self
