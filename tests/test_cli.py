@@ -305,8 +305,9 @@ def test_cli_infer_ends_at_once_with_one_line_when_interrupted_while_the_server_
         silent.listen()
         silent.settimeout(60)
         argv = ["infer", "hello", "--url", f"127.0.0.1:{silent.getsockname()[1]}"]
-        with subprocess.Popen([sys.executable, "-m", "tritonpack.cli", *argv], stderr=subprocess.PIPE,
-                              text=True) as command:
+        # as from a terminal: a shell's background job (CI's, possibly) starts with SIGINT ignored, and so would this
+        with subprocess.Popen([sys.executable, "-m", "tritonpack.cli", *argv], stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as command:
             connection, _ = silent.accept()
             with connection:
                 assert connection.recv(65536).startswith(b"POST /v2/models/bert/infer")  # now waiting for an answer
