@@ -107,23 +107,24 @@ def _sentence_near(rng: random.Random, target: int) -> Sentence:
     return Sentence(text, count_tokens(text))
 
 
-def sentences(n: int, seed: int, buckets: tuple[Bucket, ...] = BUCKETS, mix: tuple[float, ...] = MIX) -> list[Sentence]:
-    """`n` deterministic sentences whose token counts fall into `buckets` in proportions `mix`."""
+def _generated(rng: random.Random, bucket: Bucket) -> Sentence:
+    """A generated sentence of about a length within `bucket` (it may fall short of the bucket's lowest)."""
+    return _sentence_near(rng, rng.randint(max(bucket.low, 4), bucket.high))
+
+
+def corpus(n: int, seed: int = 5) -> list[Sentence]:
+    """The timed corpus: `n` deterministic sentences within the model's 256 tokens, their token counts in `BUCKETS`
+    in proportions `MIX`; some short ones canned."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
-        bucket = rng.choices(buckets, weights=mix)[0]
+        bucket = rng.choices(BUCKETS, weights=MIX)[0]
         if bucket.high <= 16 and rng.random() < 0.4:
             text = rng.choice(_SHORT)
             out.append(Sentence(text, count_tokens(text)))
         else:
-            out.append(_sentence_near(rng, rng.randint(max(bucket.low, 4), bucket.high)))
+            out.append(_generated(rng, bucket))
     return out
-
-
-def corpus(n: int, seed: int = 5) -> list[Sentence]:
-    """The timed corpus: every sentence within the model's 256 tokens."""
-    return sentences(n, seed)
 
 
 def held_out(n: int, seed: int = 5, timed: Iterable[Sentence] = ()) -> list[Sentence]:
@@ -157,7 +158,7 @@ def _unseen(rng: random.Random, bucket: Bucket, count: int, seen: set[str]) -> l
     for _ in range(100 * count + 100):
         if len(picked) == count:
             break
-        sentence = _sentence_near(rng, rng.randint(max(bucket.low, 4), bucket.high))
+        sentence = _generated(rng, bucket)
         if bucket.holds(sentence.tokens) and sentence.text not in seen:
             seen.add(sentence.text)
             picked.append(sentence)

@@ -62,7 +62,7 @@ class TextTokenizer:
         if pad_id is None:
             raise ValueError(f"pad token {pad_token!r} is not in the vocabulary of {tokenizer_file}")
         self.tokenizer.enable_truncation(max_length=max_length)
-        self.max_length = max_length
+        self.start_chars = max_length * START_CHARS_PER_TOKEN
         self.tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token)
         self.with_token_type_ids = with_token_type_ids
 
@@ -89,11 +89,10 @@ class TextTokenizer:
         return tensors
 
     def _start(self, text: str) -> str:
-        """A long text up to a space past `max_length * START_CHARS_PER_TOKEN` characters, else the text itself.
-        Cut at a space, the start's tokens are the whole text's first ones: where the start alone overflows
-        `max_length`, both truncate to the same tokens."""
-        limit = self.max_length * START_CHARS_PER_TOKEN
-        cut = text.rfind(" ", limit // 2, limit) if len(text) > limit else -1
+        """A long text up to a space past `start_chars` (`max_length * START_CHARS_PER_TOKEN`) characters, else the
+        text itself. Cut at a space, the start's tokens are the whole text's first ones: where the start alone
+        overflows `max_length`, both truncate to the same tokens."""
+        cut = text.rfind(" ", self.start_chars // 2, self.start_chars) if len(text) > self.start_chars else -1
         return text[:cut] if cut > 0 else text
 
     def per_request(self, texts_per_request: list[list[str]]) -> list[dict[str, np.ndarray]]:

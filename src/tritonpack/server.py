@@ -197,12 +197,11 @@ class TritonServer:
         it stops what it started, log kept, before raising."""
         try:
             self._launch()
-            if wait_ready:
-                self.wait_ready()
         except BaseException:
-            self.keep_log = True
-            self.stop()
+            self._abandon()
             raise
+        if wait_ready:
+            self.wait_ready()
         return self
 
     def _launch(self) -> None:
@@ -252,9 +251,13 @@ class TritonServer:
             raise ServerError(f"tritonserver not ready after {timeout_s or self.startup_timeout_s:.0f}s; "
                               f"log: {self.log_path}\n{self.log_tail()}")
         except BaseException:
-            self.keep_log = True
-            self.stop()
+            self._abandon()
             raise
+
+    def _abandon(self) -> None:
+        """Stop what was started, keeping the log an error names."""
+        self.keep_log = True
+        self.stop()
 
     def _early_exit_error(self) -> ServerError:
         """Why tritonserver exited before it was ready: one line when its log says (a port another process holds is
