@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 
 import boto3
@@ -175,6 +176,35 @@ def test_deploy_undoes_what_it_created_when_a_later_call_fails_so_that_it_can_ru
     assert not [m for m in sm.list_models()["Models"] if m["ModelName"] == "undo-ep-model"]
     assert cli.main(deploy_args("undo-ep", "--instance-type", "ml.g4dn.xlarge", "--endpoint-url", moto_server)) == 0
     assert sm.describe_endpoint(EndpointName="undo-ep")["EndpointConfigName"] == "undo-ep-config"
+
+
+def test_deploy_says_why_the_endpoint_failed_before_it_deletes_it():
+    """The waiter's error said only that the status matched "Failed"; undoing then deleted the endpoint, and with it
+    the FailureReason describe-endpoint would have shown. moto's endpoints go InService at once (it cannot fail one):
+    botocore's Stubber gives the Failed answer AWS gives."""
+    from datetime import datetime
+
+    from botocore.stub import Stubber
+
+    spec = aws.DeploySpec(name="ep", model_data_url="s3://b/p/", role_arn=ROLE, region="us-east-1",
+                          instance_type="ml.g5.xlarge", max_instances=2)  # scaling waits for the endpoint
+    sm = boto3.client("sagemaker", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
+    stubber = Stubber(sm)
+    for operation, arn in (("create_model", "ModelArn"), ("create_endpoint_config", "EndpointConfigArn"),
+                           ("create_endpoint", "EndpointArn")):
+        stubber.add_response(operation, {arn: f"arn:aws:sagemaker:us-east-1:1:{operation}/ep"})
+    reason = "The primary container for production variant AllTraffic did not pass the ping health check."
+    stubber.add_response("describe_endpoint", {
+        "EndpointName": "ep", "EndpointArn": "arn:aws:sagemaker:us-east-1:1:endpoint/ep", "EndpointStatus": "Failed",
+        "FailureReason": reason, "CreationTime": datetime.now(), "LastModifiedTime": datetime.now()})
+    for operation in ("delete_endpoint", "delete_endpoint_config", "delete_model"):
+        stubber.add_response(operation, {})
+    with stubber, pytest.raises(UserError) as error:
+        aws.run_plan(aws.deploy_plan(spec), "us-east-1", client_factory=lambda service, **_: sm, out=io.StringIO())
+    said = str(error.value)
+    assert said.startswith("sagemaker.wait_until_endpoint_in_service: ") and "\n" not in said
+    assert f"; FailureReason: {reason}; undone: delete_endpoint ep, " in said
+    stubber.assert_no_pending_responses()
 
 
 @pytest.mark.parametrize(("instance_type", "metric", "target"), [

@@ -109,6 +109,17 @@ def serve_command(repository: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def wait_until_serving(command: subprocess.Popen, repository: Path, timeout_s: float = 60) -> None:
+    """Wait until a tritonserver serves `repository`; fail with what `command` said if it ends first."""
+    deadline = time.monotonic() + timeout_s
+    while not serving(repository) and command.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if command.poll() is not None:
+        pytest.fail(f"serve exited with {command.returncode} before tritonserver started: "
+                    f"{command.stdout.read()}{command.stderr.read()}")
+    assert serving(repository), f"no tritonserver after {timeout_s:.0f} s"
+
+
 def ready_tritonserver(command: subprocess.Popen, repository: Path) -> int:
     """The pid of the tritonserver `serve_command` started, once it says "ready"."""
     assert "starting tritonserver" in command.stdout.readline()
@@ -122,10 +133,7 @@ def test_serve_stops_tritonserver_when_its_terminal_closes_while_models_load(tmp
     repository = python_model_repository(tmp_path / "repo", "m", at_import="time.sleep(60)")
     with serve_command(repository) as command:
         assert "starting tritonserver" in command.stdout.readline()
-        deadline = time.monotonic() + 30
-        while not serving(repository) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert serving(repository), "tritonserver did not start"
+        wait_until_serving(command, repository)
         time.sleep(1)  # loading the model (it sleeps when imported)
         command.send_signal(signal.SIGHUP)
         assert command.wait(timeout=60) == 130

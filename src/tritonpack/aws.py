@@ -62,7 +62,7 @@ def gpus(instance_type: str) -> int:
 def aws_errors(what: str):
     """An error the AWS API (or botocore) reports becomes one line naming the call, the code and AWS's reason."""
     from boto3.exceptions import Boto3Error
-    from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+    from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError, WaiterError
 
     try:
         yield
@@ -75,6 +75,9 @@ def aws_errors(what: str):
                         f"`aws configure`") from None
     except EndpointConnectionError as e:
         raise UserError(f"{what}: {e}: is the endpoint up? (a local MME: `tritonpack mme --models dist`)") from None
+    except WaiterError as e:  # an endpoint that ended Failed: its FailureReason says why (undoing deletes it)
+        reason = " ".join(str((e.last_response or {}).get("FailureReason", "")).split())[:300]
+        raise UserError(f"{what}: {e}{f'; FailureReason: {reason}' if reason else ''}") from None
     except (BotoCoreError, Boto3Error) as e:  # boto3's transfers wrap what S3 answered (S3UploadFailedError)
         raise UserError(f"{what}: {e}") from None
 
