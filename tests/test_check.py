@@ -22,13 +22,15 @@ from tritonpack.repository import sha256_file, write_tarball
 from tritonpack.spec import EnsembleStep, ModelSpec, Tensor
 
 
-def fake_env(path: Path, python: str, numpy: str | None = None) -> Path:
-    """A packed-env-shaped tarball (venv-pack layout) for `python`, with numpy's distribution folder when given."""
+def fake_env(path: Path, python: str, numpy: str | None = "1.26.4", system_site_packages: bool = False) -> Path:
+    """A packed-env-shaped tarball (venv-pack layout) for `python`, with numpy `numpy` (none when None)."""
     site = f"lib/python{python}/site-packages"
-    dist_info = [(f"{site}/numpy-{numpy}.dist-info/METADATA", b"Name: numpy\n")] if numpy else []
+    numpy_files = [(f"{site}/numpy/__init__.py", b""),
+                   (f"{site}/numpy-{numpy}.dist-info/METADATA", b"Name: numpy\n")] if numpy else []
+    pyvenv = f"home = /usr/bin\ninclude-system-site-packages = {str(system_site_packages).lower()}\n" \
+             f"version = {python}.4\n"
     with tarfile.open(path, "w:gz") as tar:
-        for name, data in ((f"{site}/probe.py", b"X = 1\n"),
-                           ("pyvenv.cfg", f"home = /usr/bin\nversion = {python}.4\n".encode()), *dist_info):
+        for name, data in ((f"{site}/probe.py", b"X = 1\n"), ("pyvenv.cfg", pyvenv.encode()), *numpy_files):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -225,15 +227,66 @@ def misspelled_backend(root):
     rewrite(root / "pre" / "config.pbtxt", 'backend: "python"', 'backend: "pyhton"')
 
 
+def output_without_data_type(root):
+    rewrite(root / "enc" / "config.pbtxt", "data_type: TYPE_FP32\n", "")
+
+
+def output_without_name(root):
+    rewrite(root / "enc" / "config.pbtxt", 'name: "OUT"', 'name: ""')
+
+
+def preferred_without_batching(root):
+    rewrite(root / "enc" / "config.pbtxt", "max_batch_size: 8", "max_batch_size: 0")
+    append(root, "enc", "dynamic_batching { preferred_batch_size: 4 }")
+
+
+def specific_version_missing(root):
+    append(root, "enc", "version_policy { specific { versions: 2 } }")
+
+
+def leading_zero_version(root):
+    (root / "enc" / "1").rename(root / "enc" / "01")
+
+
+def unicode_digit_version(root):
+    (root / "enc" / "1").rename(root / "enc" / "\u00b2")  # '²'.isdigit(), but int('²') raises
+
+
+def ensemble_text_in_comment(root):
+    rewrite(root / "enc" / "config.pbtxt", 'name: "enc"',
+            '# a step of the ensemble (platform: "ensemble")\nname: "enc"')
+
+
+def ensemble_text_in_parameter(root):
+    append(root, "enc", """parameters { key: "note" value { string_value: 'platform: "ensemble"' } }""")
+
+
+def warmup_file_missing(root):
+    append(root, "enc", 'model_warmup { name: "w" batch_size: 1 inputs { key: "IDS" value { data_type: TYPE_INT64 '
+                        'dims: 4 input_data_file: "ids.bin" } } }')
+
+
+def env_without_numpy(root):
+    fake_env(root / "pre" / "env.tar.gz", "3.11", numpy=None)
+
+
 ENV_FIELD = "parameters.EXECUTION_ENV_PATH"
+NO_VERSION = "no numeric version folder (e.g. 1/)"
+ENSEMBLE_TEXT = ('not an ensemble, but its text says platform: "ensemble" (in a comment or a string), which is how '
+                 "SageMaker's front-end finds the ensemble: it may serve this model instead; remove that text")
 CORPUS = {  # name → (mutation, needs an env in the repository, expected problem)
     "bad_pbtxt": (bad_pbtxt, False, Problem("pre/config.pbtxt", "line 4 column 1",
                                             'Message type "inference.ModelConfig" has no field named "bogus".')),
     "missing_artifact": (missing_artifact, False, Problem(
         "enc/1/model.onnx", "platform", "missing: onnxruntime_onnx loads model.onnx from each version folder")),
     "empty_version": (empty_version, False, Problem("pre/1", "version", "empty version folder")),
-    "non_numeric_version": (non_numeric_version, False,
-                            Problem("enc/latest", "version", "version folder names must be numbers")),
+    "non_numeric_version": (non_numeric_version, False, Problem("enc", "version", NO_VERSION)),
+    # Triton ignores a version folder with leading zeros, and one that is no ASCII number (core model_lifecycle.cc
+    # VersionsToLoad)
+    "leading_zero_version": (leading_zero_version, False, Problem("enc", "version", NO_VERSION)),
+    "unicode_digit_version": (unicode_digit_version, False, Problem("enc", "version", NO_VERSION)),
+    "specific_version_missing": (specific_version_missing, False, Problem(
+        "enc/config.pbtxt", "version_policy", "selects none of the version folders (1): Triton loads no version")),
     "two_ensembles": (two_ensembles, False, Problem("REPO", "ensemble", "2 ensembles (ens, ens2); an MME tarball "
                                                                         "needs exactly one")),
     "no_ensemble": (no_ensemble, False, Problem("REPO", "ensemble", "2 model folders but no ensemble; the MME loads "
@@ -309,6 +362,25 @@ CORPUS = {  # name → (mutation, needs an env in the repository, expected probl
         "pre/config.pbtxt", "backend", "'pyhton' is not a backend of the Triton container; did you mean 'python'?")),
     "labels_outside": (labels_outside, False, Problem(
         "enc/config.pbtxt", "output[OUT].label_filename", "'../../labels.txt' leads outside the repository")),
+    # what Triton's config validation refuses (core model_config_utils.cc ValidateIOShape, ValidateModelConfig)
+    "output_without_data_type": (output_without_data_type, False, Problem(
+        "enc/config.pbtxt", "output[OUT].data_type", "missing: every tensor must give its data_type (e.g. TYPE_FP32)")),
+    "output_without_name": (output_without_name, False, Problem(
+        "enc/config.pbtxt", "output[0].name", "missing: every tensor must have a name")),
+    "preferred_without_batching": (preferred_without_batching, False, Problem(
+        "enc/config.pbtxt", "dynamic_batching.preferred_batch_size", "4 is not between 1 and max_batch_size 0")),
+    "warmup_file_missing": (warmup_file_missing, False, Problem(
+        "enc/warmup/ids.bin", "model_warmup[w].inputs[IDS].input_data_file",
+        "missing: Triton reads the warmup data file when it loads the model")),
+    # SageMaker's front-end searches each config's whole text for the ensemble
+    "ensemble_text_in_comment": (ensemble_text_in_comment, False, Problem("enc/config.pbtxt", "platform",
+                                                                          ENSEMBLE_TEXT)),
+    "ensemble_text_in_parameter": (ensemble_text_in_parameter, False, Problem("enc/config.pbtxt", "platform",
+                                                                              ENSEMBLE_TEXT)),
+    # the stub imports numpy from the packed environment (python_backend README)
+    "env_without_numpy": (env_without_numpy, True, Problem(
+        "pre/env.tar.gz", "numpy", "missing: the python backend stub imports numpy from the packed environment; add "
+                                   "numpy to it (envs/*/environment.yml)")),
 }
 
 
@@ -430,8 +502,7 @@ def test_check_cli_prints_one_line_per_problem_when_not_deployable(tmp_path, cap
     refresh_manifest(root)
     assert main(["check", str(root)]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out == ["enc/latest: version: version folder names must be numbers",
-                   "enc: version: no numeric version folder (e.g. 1/)",
+    assert out == ["enc: version: no numeric version folder (e.g. 1/)",
                    "ens/config.pbtxt: ensemble_scheduling.step[1] (enc).input_map[IDS]: tensor ids: pre.IDS gives "
                    "TYPE_INT64, needs TYPE_INT32"]
 
@@ -508,14 +579,15 @@ def test_check_prints_a_member_name_that_is_not_utf8_escaped_when_stdout_is_stri
     import sys
 
     root = write_repo(tmp_path / "repo")
-    (root / "enc" / "v\udcff").mkdir()  # written as the byte 0xff: an invalid UTF-8 name
-    (root / "enc" / "v\udcff" / "x").write_bytes(b"x")
+    (root / "v\udcff").mkdir()  # written as the byte 0xff: an invalid UTF-8 name
+    (root / "v\udcff" / "x").write_bytes(b"x")
     tarball = as_tarball(root)
     result = subprocess.run([sys.executable, "-c", "import sys; from tritonpack.cli import main; sys.exit(main())",
                              "check", str(tarball)], capture_output=True,
                             env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"})
     assert result.returncode == 1, result.stderr.decode()[-500:]
-    assert b"enc/v\\udcff: version: version folder names must be numbers" in result.stdout.splitlines()
+    assert b"v\\udcff/config.pbtxt: file: missing: every top-level folder must be a model folder" \
+        in result.stdout.splitlines()
 
 
 def test_check_warns_instead_of_refusing_when_a_newer_stub_python_may_parse_what_this_one_cannot(tmp_path):
@@ -530,3 +602,77 @@ def test_check_warns_instead_of_refusing_when_a_newer_stub_python_may_parse_what
         assert report.ok and [(w.file, w.field) for w in report.warnings] == [("pre/1/model.py", "line 2")]
         assert "imports were not checked (the stub runs Python 3.12)" in report.warnings[0].reason
         assert not check(root, python="3.11").ok
+
+
+@pytest.mark.parametrize("form", ["folder", "tarball"])
+def test_check_passes_with_a_warning_when_a_model_has_folders_triton_skips(tmp_path, form):
+    """Triton skips warmup/, initial_state/ and configs/ and only logs other folders that are not versions."""
+    root = write_repo(tmp_path / "repo")
+    append(root, "enc", 'model_warmup { name: "w" batch_size: 1 inputs { key: "IDS" value { data_type: TYPE_INT64 '
+                        'dims: 4 input_data_file: "ids.bin" } } }')
+    (root / "enc" / "warmup").mkdir()
+    (root / "enc" / "warmup" / "ids.bin").write_bytes(bytes(32))
+    for skipped in ("initial_state", "configs", ".ipynb_checkpoints"):
+        (root / "enc" / skipped).mkdir()
+        (root / "enc" / skipped / "x").write_bytes(b"x")
+    refresh_manifest(root)
+    report = check(root if form == "folder" else as_tarball(root))
+    assert report.problems == []
+    assert report.warnings == [Problem("enc/.ipynb_checkpoints", "version", "not a version folder (a number without "
+                                                                            "leading zeros): Triton ignores it")]
+
+
+@pytest.mark.parametrize("source, python, reason", [
+    ("import numpy\nimport tomllib\n", "3.10", "has no tomllib (added in Python 3.11)"),
+    ("import numpy\nimport distutils.core\n", "3.12", "has no distutils (removed in Python 3.12)"),
+    ("import numpy\nimport tomllib\n", "3.11", None),
+    ("import numpy\nimport imp\n", "3.10", None),  # in 3.10's standard library, whatever this interpreter's has
+])
+def test_check_judges_standard_imports_by_the_stub_python_when_it_is_known(tmp_path, source, python, reason):
+    root = write_repo(tmp_path / "repo", manifest_python=python)
+    (root / "pre" / "1" / "model.py").write_text(source)
+    refresh_manifest(root)
+    report = check(root)
+    if reason is None:
+        assert report.problems == []
+    else:
+        [problem] = report.problems
+        module = reason.split()[2]
+        assert problem == Problem("pre/1/model.py", f"import {module}", f"the stub runs Python {python} (manifest.json "
+                                                                         f"python_version), whose standard library "
+                                                                         f"{reason}")
+
+
+def test_check_parses_python_models_as_the_stub_python_when_it_is_known(tmp_path):
+    """`except*` is Python 3.11: a 3.10 stub cannot import it, even where this interpreter parses it."""
+    root = write_repo(tmp_path / "repo")
+    (root / "pre" / "1" / "model.py").write_text("import numpy\ntry:\n    pass\nexcept* ValueError:\n    pass\n")
+    refresh_manifest(root)
+    [problem] = check(root, container="24.09").problems
+    assert problem.file == "pre/1/model.py" and problem.reason.endswith(": Triton's python backend cannot import it")
+    assert check(root, python="3.11").ok
+
+
+def test_check_accepts_an_env_without_numpy_when_it_includes_the_system_site_packages(tmp_path):
+    root = write_repo(tmp_path / "repo", env_python="3.11")
+    fake_env(root / "pre" / "env.tar.gz", "3.11", numpy=None, system_site_packages=True)
+    refresh_manifest(root)
+    assert check(as_tarball(root)).problems == []
+
+
+def test_check_cli_escapes_control_characters_when_a_member_name_holds_them(tmp_path, capsys, monkeypatch):
+    """A hostile name cannot forge an output line: newline, carriage return, ESC and C1 controls are escapes."""
+    import tritonpack.check
+
+    forged = "x\n\r\x1b[2K\x85ok: repo is deployable"
+    report = tritonpack.check.CheckReport("repo", problems=[Problem(forged, "f", "r")],
+                                          warnings=[Problem(forged, "f", "r")], unchecked=[Problem(forged, "f", "r")])
+    monkeypatch.setattr(tritonpack.check, "check", lambda *args, **kwargs: report)
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "m").mkdir()
+    (tmp_path / "repo" / "m" / "config.pbtxt").write_text("")
+    assert main(["check", str(tmp_path / "repo")]) == 1
+    captured = capsys.readouterr()
+    escaped = "x\\x0a\\x0d\\x1b[2K\\x85ok: repo is deployable: f: r"
+    assert captured.out.splitlines() == [escaped]
+    assert captured.err.splitlines()[:2] == [f"warning: {escaped}", f"not checked: {escaped}"]

@@ -44,11 +44,13 @@ def instance_kind(target: str) -> str:
     return "KIND_GPU" if target == "gpu" else "KIND_CPU"
 
 
-def module_imports(source: str | bytes) -> set[str]:
+def module_imports(source: str | bytes, python: str | None = None) -> set[str]:
     """Top-level names a module imports anywhere in it: at import time, and inside functions, which a model's
-    `initialize` or `execute` runs as surely. Raises SyntaxError where this interpreter cannot parse it."""
+    `initialize` or `execute` runs as surely. Raises SyntaxError where this interpreter cannot parse it, or, given
+    `python` (X.Y), where it uses syntax newer than that Python (as far as `ast`'s `feature_version` tells)."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    grammar = tuple(map(int, python.split("."))) if python else None
+    for node in ast.walk(ast.parse(source, feature_version=grammar)):
         if isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:

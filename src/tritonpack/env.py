@@ -31,17 +31,39 @@ from tritonpack.server import PYTHON_VERSION
 # Environment → the top-level modules it provides (numpy is in every env and in every Triton container).
 PROVIDES: dict[str, frozenset[str]] = {name: env.provides for name, env in ENVIRONMENTS.items()}
 STUB_MODULES = frozenset({"triton_python_backend_utils", "numpy"})
+# Standard modules that the containers' Pythons (CONTAINER_PYTHON: 3.8, 3.10, 3.12) disagree on, by the minor that
+# added or removed them (What's New in Python 3.11: tomllib; 3.12: distutils, PEP 632, and imp, asynchat, asyncore,
+# smtpd). This interpreter's `sys.stdlib_module_names` knows only its own version.
+STDLIB_ADDED = {"tomllib": 11}
+STDLIB_REMOVED = dict.fromkeys(("asynchat", "asyncore", "distutils", "imp", "smtpd"), 12)
 
 
-def required_modules(sources: Mapping[str, str | bytes], parameters: Mapping[str, str]) -> set[str]:
+def is_stdlib(module: str) -> bool:
+    """In the standard library of this Python or of another the containers run."""
+    return module in sys.stdlib_module_names or module in STDLIB_ADDED or module in STDLIB_REMOVED
+
+
+def stdlib_lacks(python: str, module: str) -> str | None:
+    """Why Python `python` (X.Y) has no standard module `module` that another Python has; None when it is not such
+    a module."""
+    minor = int(python.split(".")[1])
+    if minor < STDLIB_ADDED.get(module, 0):
+        return f"added in Python 3.{STDLIB_ADDED[module]}"
+    if minor >= STDLIB_REMOVED.get(module, 99):
+        return f"removed in Python 3.{STDLIB_REMOVED[module]}"
+    return None
+
+
+def required_modules(sources: Mapping[str, str | bytes], parameters: Mapping[str, str],
+                     python: str | None = None) -> set[str]:
     """Third-party modules a python model needs beyond numpy: its sources' imports (siblings and the standard
-    library excluded) plus the framework its `framework` parameter selects. A source that does not parse raises
-    SyntaxError naming it."""
+    library excluded) plus the framework its `framework` parameter selects. A source that does not parse (as Python
+    `python` X.Y, when given) raises SyntaxError naming it."""
     siblings = {Path(name).stem for name in sources}
     modules: set[str] = set()
     for name, source in sources.items():
         try:
-            modules |= module_imports(source)
+            modules |= module_imports(source, python)
         except SyntaxError as e:
             e.filename = name
             raise
@@ -49,7 +71,7 @@ def required_modules(sources: Mapping[str, str | bytes], parameters: Mapping[str
         modules.add(RUNNER_MODULES[parameters["framework"]])
     if parameters.get("artifact", "").endswith(".dali"):  # the portable DALI runner
         modules.add(DALI_MODULE)
-    return {m for m in modules - siblings - STUB_MODULES if m not in sys.stdlib_module_names}
+    return {m for m in modules - siblings - STUB_MODULES if not is_stdlib(m)}
 
 
 def envs_covering(needs: set[str]) -> tuple[tuple[str, ...], set[str]]:

@@ -3,6 +3,7 @@ deployable."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -41,7 +42,7 @@ def cmd_check(args) -> int:
     for warning in report.warnings:
         print(printable(f"warning: {warning}"), file=sys.stderr)
     for unchecked in report.unchecked:
-        print(f"not checked: {unchecked}", file=sys.stderr)
+        print(printable(f"not checked: {unchecked}"), file=sys.stderr)
     if report.ok:
         print(f"ok: {args.path} is deployable ({len(report.models)} models, entry {report.ensemble})",
               file=sys.stderr)
@@ -75,7 +76,12 @@ def add_command(subparsers) -> None:
     c.set_defaults(func=cmd_check)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
 def printable(line: str) -> str:
-    """`line` with a member name's undecodable bytes (tarfile keeps them as surrogates) written as escapes: printing
-    them raised UnicodeEncodeError on a strict UTF-8 stdout."""
-    return line.encode("utf-8", "backslashreplace").decode("utf-8")
+    """`line` with a member name's undecodable bytes (tarfile keeps them as surrogates) and control characters
+    written as escapes: the first raised UnicodeEncodeError on a strict UTF-8 stdout, the others (newline, carriage
+    return, terminal escapes) let a name forge or hide output lines."""
+    line = line.encode("utf-8", "backslashreplace").decode("utf-8")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", line)

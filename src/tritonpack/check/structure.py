@@ -17,12 +17,15 @@ from google.protobuf import text_format
 
 from tritonpack.archive import Problem
 from tritonpack.backends import ENV_PARAMETER, LOADED_FILES, MODEL_DIR_VAR, PLATFORMS
-from tritonpack.check.tree import Tree
+from tritonpack.check.tree import Tree, is_version_folder
 from tritonpack.containers import container_python, manifest_container, stub_needs_numpy1
 from tritonpack.spec import config_parameters, parse_config
 from tritonpack.wiring import wiring_problems
 
 MAX_MODELS_WITHOUT_WARNING = 5
+WARMUP_FOLDER = "warmup"  # model_warmup's input_data_file is read from <model>/warmup/
+# Folders of a model that Triton skips when it looks for versions (core constants.h, kModelConfigFolder too)
+NOT_VERSION_FOLDERS = frozenset({WARMUP_FOLDER, "initial_state", "configs"})
 
 
 @dataclass
@@ -78,8 +81,8 @@ def stub_target(manifest: dict | None, python: str | None, container: str | None
                           release)
     if container:
         return StubTarget(container_python(container), f"Triton container {container}", container)
-    if manifest and manifest.get("python_version"):
-        return StubTarget(str(manifest["python_version"]), "manifest.json python_version", release)
+    if manifest and re.fullmatch(r"3\.\d+", declared := str(manifest.get("python_version"))):
+        return StubTarget(declared, "manifest.json python_version", release)
     return StubTarget(None, "", release)
 
 
@@ -122,8 +125,12 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
     problems.extend(entry_problems)
     report.ensemble = entry
     by_name = {cfg.name or folder: cfg for folder, cfg in configs.items()}
-    versions = {cfg.name or folder: {int(v) for v in tree.children(folder)[0] if v.isdigit()}
-                for folder, cfg in configs.items()}
+    versions = {cfg.name or folder: _versions(tree, folder) for folder, cfg in configs.items()}
+    for folder, cfg in configs.items():
+        if cfg.platform != "ensemble" and SAGEMAKER_ENSEMBLE.search(tree.texts[f"{folder}/config.pbtxt"].decode()):
+            problems.append(Problem(f"{folder}/config.pbtxt", "platform", 'not an ensemble, but its text says '
+                                    'platform: "ensemble" (in a comment or a string), which is how SageMaker\'s '
+                                    'front-end finds the ensemble: it may serve this model instead; remove that text'))
     for name in ensembles:
         if not SAGEMAKER_ENSEMBLE.search(tree.texts[f"{name}/config.pbtxt"].decode()):
             problems.append(Problem(f"{name}/config.pbtxt", "platform", 'SageMaker\'s front-end finds the ensemble by '
@@ -184,9 +191,9 @@ def _entry_point(label: str, top_dirs: list[str], top_files: list[str], configs:
 
 
 def _config_problems(tree: Tree, folder: str, cfg) -> list[Problem]:
-    """What Triton's own config validation refuses at load: tensors without dims or with a dimension below -1 or
-    0, preferred batch sizes outside 1..max_batch_size, scheduling fields on an ensemble, a labels file that is not
-    there."""
+    """What Triton's own config validation refuses at load: tensors without a name, a data_type or dims, or with a
+    dimension below -1 or 0, preferred batch sizes outside 1..max_batch_size, scheduling fields on an ensemble, a
+    labels file or warmup data file that is not there."""
     config_path = f"{folder}/config.pbtxt"
     problems = []
     is_ensemble = cfg.platform == "ensemble"
@@ -198,7 +205,14 @@ def _config_problems(tree: Tree, folder: str, cfg) -> list[Problem]:
                                                          f"({', '.join(sorted(PLATFORMS))}); a backend goes in "
                                                          f"`backend`"))
     for kind, tensors in (("input", cfg.input), ("output", cfg.output)):
-        for tensor in tensors:
+        for index, tensor in enumerate(tensors):
+            if not tensor.name:
+                problems.append(Problem(config_path, f"{kind}[{index}].name", "missing: every tensor must have a "
+                                                                              "name"))
+                continue
+            if tensor.data_type == 0:  # TYPE_INVALID, also what an unset data_type reads as
+                problems.append(Problem(config_path, f"{kind}[{tensor.name}].data_type",
+                                        "missing: every tensor must give its data_type (e.g. TYPE_FP32)"))
             where = f"{kind}[{tensor.name}].dims"
             if not tensor.dims and not is_ensemble:
                 problems.append(Problem(config_path, where, "missing: every tensor must give its dims ([1] for one "
@@ -207,7 +221,7 @@ def _config_problems(tree: Tree, folder: str, cfg) -> list[Problem]:
                 problems.append(Problem(config_path, where, f"{list(tensor.dims)}: each dimension must be >= 1, or "
                                                             f"-1 for a variable size"))
     for size in cfg.dynamic_batching.preferred_batch_size:
-        if size < 1 or (cfg.max_batch_size > 0 and size > cfg.max_batch_size):
+        if not 1 <= size <= cfg.max_batch_size:  # Triton compares also when max_batch_size is 0
             problems.append(Problem(config_path, "dynamic_batching.preferred_batch_size",
                                     f"{size} is not between 1 and max_batch_size {cfg.max_batch_size}"))
     if is_ensemble:
@@ -215,16 +229,18 @@ def _config_problems(tree: Tree, folder: str, cfg) -> list[Problem]:
                    "dynamic_batching": cfg.HasField("dynamic_batching"), "model_warmup": bool(cfg.model_warmup)}
         problems.extend(Problem(config_path, name, "set on an ensemble, which Triton refuses (its steps set their own)")
                         for name, is_set in present.items() if is_set)
-    for tensor in cfg.output:
-        if tensor.label_filename:
-            labels = posixpath.normpath(posixpath.join(folder, tensor.label_filename))
-            where = f"output[{tensor.name}].label_filename"
-            if tensor.label_filename.startswith("/") or labels == ".." or labels.startswith("../"):
-                problems.append(Problem(config_path, where, f"{tensor.label_filename!r} leads outside the "
-                                                            f"repository"))
-            elif labels not in tree.files:
-                problems.append(Problem(labels, where, "missing: Triton reads the labels file when it loads the "
-                                                       "model"))
+    named_files = [(folder, tensor.label_filename, f"output[{tensor.name}].label_filename", "labels file")
+                   for tensor in cfg.output if tensor.label_filename]
+    named_files += [(f"{folder}/{WARMUP_FOLDER}", warmup_input.input_data_file,
+                     f"model_warmup[{warmup.name}].inputs[{name}].input_data_file", "warmup data file")
+                    for warmup in cfg.model_warmup for name, warmup_input in sorted(warmup.inputs.items())
+                    if warmup_input.input_data_file]
+    for base, filename, where, what in named_files:
+        path = posixpath.normpath(posixpath.join(base, filename))
+        if filename.startswith("/") or path == ".." or path.startswith("../"):
+            problems.append(Problem(config_path, where, f"{filename!r} leads outside the repository"))
+        elif path not in tree.files:
+            problems.append(Problem(path, where, f"missing: Triton reads the {what} when it loads the model"))
     return problems
 
 
@@ -232,15 +248,17 @@ def _model_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: 
                     no_env_fix: str | None, server_has: Callable[[str], bool]) -> list[Problem]:
     problems = []
     config_path = f"{folder}/config.pbtxt"
-    subdirs, _ = tree.children(folder)
-    versions = []
-    for sub in subdirs:
-        if sub.isdigit():
-            versions.append(sub)
-        else:
-            problems.append(Problem(f"{folder}/{sub}", "version", "version folder names must be numbers"))
+    for sub in tree.children(folder)[0]:
+        if not is_version_folder(sub) and sub not in NOT_VERSION_FOLDERS:
+            warnings.append(Problem(f"{folder}/{sub}", "version", "not a version folder (a number without leading "
+                                                                  "zeros): Triton ignores it"))
+    versions = sorted(_versions(tree, folder))
     if not versions:
         problems.append(Problem(folder, "version", "no numeric version folder (e.g. 1/)"))
+    elif not _policy_versions(cfg, set(versions)):
+        problems.append(Problem(config_path, "version_policy", f"selects none of the version folders "
+                                                               f"({', '.join(map(str, versions))}): Triton loads no "
+                                                               f"version"))
     kind = cfg.platform or cfg.backend
     if not kind:
         problems.append(Problem(config_path, "backend", "neither platform nor backend is set"))
@@ -280,6 +298,21 @@ def _model_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: 
     if cfg.backend == "python":
         problems.extend(_env_problems(tree, folder, cfg, target, warnings, no_env_fix, server_has))
     return problems
+
+
+def _versions(tree: Tree, folder: str) -> set[int]:
+    return {int(sub) for sub in tree.children(folder)[0] if is_version_folder(sub)}
+
+
+def _policy_versions(cfg, versions: set[int]) -> set[int]:
+    """The versions Triton loads of those present, under the config's version_policy (default: the latest one)."""
+    policy = cfg.version_policy
+    if policy.HasField("specific"):
+        return versions & set(policy.specific.versions)
+    if policy.HasField("all"):
+        return versions
+    latest = policy.latest.num_versions if policy.HasField("latest") else 1
+    return set(sorted(versions)[-latest:]) if latest > 0 else set()
 
 
 RUNNER_FILE_PARAMETERS = ("artifact", "reference", "tokenizer")  # files tritonpack's runners open at initialize
@@ -340,6 +373,17 @@ def _syntax_problems(error: SyntaxError, target: StubTarget, warnings: list[Prob
     return [Problem(error.filename, where, f"{error.msg}: Triton's python backend cannot import it")]
 
 
+def _stdlib_problems(sources: dict[str, bytes], target: StubTarget) -> list[Problem]:
+    """Standard modules the sources import that the stub's Python lacks (added after it, or removed)."""
+    from tritonpack.components import module_imports
+    from tritonpack.env import stdlib_lacks
+
+    return [Problem(name, f"import {module}", f"the stub runs Python {target.python} ({target.source}), whose "
+                                              f"standard library has no {module} ({why})")
+            for name, source in sorted(sources.items()) for module in sorted(module_imports(source, target.python))
+            if (why := stdlib_lacks(target.python, module))]
+
+
 def _env_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: list[Problem],
                   no_env_fix: str | None, server_has: Callable[[str], bool]) -> list[Problem]:
     config_path = f"{folder}/config.pbtxt"
@@ -348,9 +392,11 @@ def _env_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: li
 
     sources = {n: t for n, t in tree.texts.items() if n.startswith(folder + "/") and n.endswith(".py")}
     try:
-        needs = required_modules(sources, config_parameters(cfg))
+        needs = required_modules(sources, config_parameters(cfg), target.python)
     except SyntaxError as e:
         return _syntax_problems(e, target, warnings)
+    if target.python and (absent := _stdlib_problems(sources, target)):
+        return absent
     if ENV_PARAMETER not in cfg.parameters:
         needs = {module for module in needs if not server_has(module)}
         if not needs:
@@ -388,6 +434,9 @@ def _env_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: li
     elif env.python != target.python:
         return [Problem(resolved, "python", f"env has Python {env.python} but the target's stub runs "
                                             f"{target.python} ({target.source})")]
+    if "numpy" not in env.modules and not env.system_site_packages:
+        return [Problem(resolved, "numpy", "missing: the python backend stub imports numpy from the packed "
+                                           "environment; add numpy to it (envs/*/environment.yml)")]
     missing = needs - env.modules
     if missing:
         return [Problem(config_path, where, f"{resolved} lacks {', '.join(sorted(missing))}, which the model "

@@ -22,6 +22,12 @@ from tritonpack.archive import ArchiveLimits, Problem, normalise_name, scan
 
 ENV_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 TEXT_LIMIT = 4 << 20  # configs, manifests and model sources are small; larger ones are not read into memory
+# A version folder: Triton ignores a name with leading zeros (01/) and one that is no ASCII number (²/)
+_VERSION_FOLDER = re.compile(r"0|[1-9][0-9]*")
+
+
+def is_version_folder(name: str) -> bool:
+    return _VERSION_FOLDER.fullmatch(name) is not None
 
 
 @dataclass
@@ -30,6 +36,7 @@ class EnvInfo:
     problems: list[Problem]
     modules: frozenset[str] = frozenset()  # top-level importable names in its site-packages
     distributions: dict[str, str] = field(default_factory=dict)  # installed distribution → version
+    system_site_packages: bool = False  # pyvenv.cfg: the base interpreter's packages are importable too
 
 
 @dataclass
@@ -82,6 +89,7 @@ class _Hashing(io.RawIOBase):
 
 
 _PYVENV_VERSION = re.compile(r"^\s*version(?:_info)?\s*=\s*(\d+)\.(\d+)", re.MULTILINE)
+_PYVENV_SYSTEM_SITE = re.compile(r"^\s*include-system-site-packages\s*=\s*true\s*$", re.MULTILINE | re.IGNORECASE)
 _CONDA_PYTHON = re.compile(r"^conda-meta/python-(\d+)\.(\d+)\.[^/]*\.json$")
 _LIB_PYTHON = re.compile(r"^lib/python(\d+)\.(\d+)(/|$)")
 # A top-level importable name in site-packages: a package folder, a module (source or bytecode), or an extension
@@ -100,14 +108,18 @@ def inspect_env(fileobj, label: str, limits: ArchiveLimits) -> EnvInfo:
     found: dict[str, str] = {}
     modules: set[str] = set()
     distributions: dict[str, str] = {}
+    system_site = False
 
     def visit(member: tarfile.TarInfo, tar: tarfile.TarFile) -> None:
+        nonlocal system_site
         name = normalise_name(member.name)
         if m := _CONDA_PYTHON.match(name):
             found.setdefault("conda", f"{m[1]}.{m[2]}")
         elif name == "pyvenv.cfg" and member.isfile() and member.size < 65536:
-            if m := _PYVENV_VERSION.search(tar.extractfile(member).read().decode("utf-8", "replace")):
+            cfg = tar.extractfile(member).read().decode("utf-8", "replace")
+            if m := _PYVENV_VERSION.search(cfg):
                 found.setdefault("pyvenv", f"{m[1]}.{m[2]}")
+            system_site = bool(_PYVENV_SYSTEM_SITE.search(cfg))
         elif m := _LIB_PYTHON.match(name):
             found.setdefault("lib", f"{m[1]}.{m[2]}")
         if m := _SITE_MODULE.match(name):
@@ -118,7 +130,7 @@ def inspect_env(fileobj, label: str, limits: ArchiveLimits) -> EnvInfo:
     problems = [Problem(p.file if p.file == label else f"{label}:{p.file}", p.field, p.reason)
                 for p in scan(fileobj, label, limits, visit, links_out=True)]
     python = found.get("conda") or found.get("pyvenv") or found.get("lib")
-    return EnvInfo(python, problems, frozenset(modules), distributions)
+    return EnvInfo(python, problems, frozenset(modules), distributions, system_site)
 
 
 def _keep_text(name: str, size: int) -> bool:

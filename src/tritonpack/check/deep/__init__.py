@@ -16,7 +16,7 @@ from pathlib import Path
 from tritonpack.archive import ArchiveLimits
 from tritonpack.backends import LOADED_FILES
 from tritonpack.check.deep.model import DeepModel, Findings, TrialInputUnavailable
-from tritonpack.check.tree import extract_members
+from tritonpack.check.tree import extract_members, is_version_folder
 
 # platform or backend → "module:function" of its rules
 RULES = {
@@ -49,7 +49,7 @@ def deep_check(path: Path, configs: dict, limits: ArchiveLimits) -> Findings:
     with tempfile.TemporaryDirectory(prefix="tritonpack-deep-") as tmp:
         def in_native_version(name: str) -> bool:
             parts = name.split("/")
-            return len(parts) > 2 and parts[0] in native and parts[1].isdigit()
+            return len(parts) > 2 and parts[0] in native and is_version_folder(parts[1])
 
         total.problems += extract_members(Path(path), Path(tmp), in_native_version, limits)
         if not total.problems:
@@ -73,7 +73,8 @@ def _check_models(root: Path, native: dict, total: Findings) -> None:
         model_dir = root / folder
         if not model_dir.is_dir():
             continue
-        for version in sorted((p.name for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=int):
+        for version in sorted((p.name for p in model_dir.iterdir() if p.is_dir() and is_version_folder(p.name)),
+                              key=int):
             for artifact in artifacts(model_dir / version, config):
                 model = DeepModel(folder, version, artifact, config)
                 findings = Findings(model.label, _kind(config))
