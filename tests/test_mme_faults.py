@@ -250,6 +250,55 @@ def test_local_mme_quarantines_a_target_that_kills_tritonserver_and_serves_the_o
     assert all(group_members(s.process.pid) == [] for s in servers)
 
 
+def test_local_mme_unloads_a_target_within_the_dead_unload_timeout_when_triton_still_runs_its_abandoned_call(
+        tmp_path, aws_env):
+    """A call whose thread gave up on Triton (no answer in time) may still run there, and an unload waits for it: the
+    target is marked broken, so the next target needing its slot unloads it with the short dead-unload timeout and
+    then restarts tritonserver, instead of waiting out the container's whole request timeout."""
+    python_model_tarball(tmp_path / "models" / "hang.tar.gz", "hang", per_request="time.sleep(3600)")
+    python_model_tarball(tmp_path / "models" / "ok.tar.gz", "ok")
+    server = LocalMME(str(tmp_path / "models"), port=0, max_models=1, cache_dir=tmp_path / "cache", drain_s=1.0,
+                      policy=FaultPolicy(dead_unload_timeout_s=2.0))
+    server.triton.invoke_timeout_s, server.triton.timeout_s = 2.0, 30.0  # stand in for 65 s and 600 s
+    server.start()
+    try:
+        answer = invoke(server, "hang.tar.gz")
+        assert answer.status_code == 502 and "did not answer" in answer.json()["message"], answer.text
+        assert [(s.target, s.active, bool(s.broken)) for s in server.manager.slots.snapshot()] == \
+            [("hang.tar.gz", 0, True)]
+        started = time.monotonic()
+        answer = invoke(server, "ok.tar.gz")
+        took = time.monotonic() - started
+        timing("abandoned_call_eviction_s", took)
+        assert answer.status_code == 200, answer.text
+        assert took < 20 and metrics(server)["TritonRestarts"] == 1
+        assert server.manager.loaded_targets() == ["ok.tar.gz"]
+    finally:
+        server.stop()
+
+
+def test_local_mme_restarts_tritonserver_rather_than_exceed_max_models_when_a_load_outlasts_its_timeout(
+        tmp_path, aws_env):
+    """A load that Triton does not answer in time may still go on there: its slot is not freed for another target
+    while Triton may still load it; tritonserver is restarted to end that load, and the next call is served."""
+    python_model_tarball(tmp_path / "models" / "slow-load.tar.gz", "slow_load", at_import="time.sleep(3600)")
+    python_model_tarball(tmp_path / "models" / "ok.tar.gz", "ok")
+    server = LocalMME(str(tmp_path / "models"), port=0, max_models=1, cache_dir=tmp_path / "cache", drain_s=1.0)
+    server.triton.timeout_s = 6.0  # stands in for 600 s
+    server.start()
+    try:
+        assert invoke(server, "ok.tar.gz").status_code == 200
+        answer = invoke(server, "slow-load.tar.gz")
+        assert answer.status_code == 502 and "tritonserver was restarted" in answer.json()["message"], answer.text
+        assert server.manager.slots.snapshot() == [] and metrics(server)["TritonRestarts"] == 1
+        assert "slow_load_step" not in server.triton.server.stub_models().values()  # no load goes on in Triton
+        assert invoke(server, "ok.tar.gz").status_code == 200
+        assert server.manager.loaded_targets() == ["ok.tar.gz"]
+        assert set(server.triton.server.stub_models().values()) == {"ok_step"}
+    finally:
+        server.stop()
+
+
 # ---- 4. HTTP framing -------------------------------------------------------------------------------------------
 def exchange(server: LocalMME, head: bytes, body_chunks=(), timeout: float = 10.0) -> tuple[int, dict, bytes]:
     """Send a raw request (head, then body chunks while the server reads), read the answer: status, headers, body."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 import socket
 import threading
 import time
@@ -24,7 +25,15 @@ import pytest
 from aiohttp import web
 
 from tests.test_mme_manager import FakeStore, FakeTriton
-from tritonpack.mme.gateway import INVOKE_THREADS, MAX_CALLS_PER_TARGET, RESERVED_THREADS, Gateway
+from tritonpack.mme.gateway import (
+    HELD_BODIES,
+    HELD_PER_TARGET,
+    INVOKE_THREADS,
+    LOADED_THREADS,
+    MAX_CALLS_PER_TARGET,
+    RESERVED_THREADS,
+    Gateway,
+)
 from tritonpack.mme.health import FaultPolicy
 from tritonpack.mme.manager import ModelManager
 from tritonpack.mme.metrics import Metrics, parse_metrics
@@ -33,7 +42,7 @@ BODY = json.dumps({"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYT
 
 
 class HeldTriton(FakeTriton):
-    """Calls of targets named `held…` stay in flight until `release` is set, and so do loads of `slow-load`."""
+    """Calls of targets named `held…` stay in flight until `release` is set, and so do loads of `slow-load…`."""
 
     def __init__(self):
         super().__init__(8, 0)
@@ -49,7 +58,7 @@ class HeldTriton(FakeTriton):
     def load(self, model_hash, target, url):
         with self.lock:
             self.loads += 1
-        if target == "slow-load":
+        if target.startswith("slow-load"):
             self.release.wait(60)
         return super().load(model_hash, target, url)
 
@@ -65,11 +74,11 @@ def quick_gateway():
     yield from serving(invocation_s=1.0)
 
 
-def serving(**options):
+def serving(max_models: int = 8, **options):
     triton = HeldTriton()
     store = FakeStore()
     store.cache = SimpleNamespace(total_bytes=0, entries={})
-    gateway = Gateway(ModelManager(store, triton, 8, Metrics(), FaultPolicy()), body_read_s=1.0,
+    gateway = Gateway(ModelManager(store, triton, max_models, Metrics(), FaultPolicy()), body_read_s=1.0,
                       idle_connection_s=1.0, **options)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -143,6 +152,80 @@ def test_gateway_answers_a_target_while_four_slow_targets_hold_every_call_they_m
         assert busy_share <= gateway.triton.held_calls <= busy_share + 3 and not any(call.done() for call in held)
         gateway.triton.release.set()
         assert [call.result()[0] for call in held] == [200] * len(held)
+
+
+def wait_until(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def test_gateway_answers_a_loaded_target_at_once_while_first_calls_of_many_targets_wait_for_their_loads():
+    """First calls of targets not loaded (downloading, checking, loading, waiting for a slot) took every thread: a
+    loaded, idle target was answered 424 ModelError at the invocation limit."""
+    served = serving(max_models=2 * INVOKE_THREADS, invocation_s=3.0)
+    g = next(served)
+    assert invoke(g.port, "m0")[0] == 200
+    with ThreadPoolExecutor(INVOKE_THREADS) as clients:
+        cold = [clients.submit(invoke, g.port, f"slow-load{i}") for i in range(INVOKE_THREADS)]
+        cold_share = INVOKE_THREADS - LOADED_THREADS
+        wait_until(lambda: g.triton.loads >= 1 + cold_share)
+        started = time.monotonic()
+        assert invoke(g.port, "m0") == (200, {"model_name": "m0"}) and time.monotonic() - started < 2
+        assert g.triton.loads == 1 + cold_share  # the others wait for a thread, holding none
+        g.triton.release.set()
+        assert {call.result()[0] for call in cold} <= {200, 429}  # 429 ModelNotReady past the limit
+    next(served, None)
+
+
+def test_gateway_answers_429_throttling_without_reading_the_body_when_a_target_has_as_many_requests_as_it_may(
+        gateway):
+    """Every request waited for a thread with its body read (up to 6 MB each), however many there were: 120 of them
+    to a held target took 900 MB."""
+    with ThreadPoolExecutor(HELD_PER_TARGET) as clients:
+        held = [clients.submit(invoke, gateway.port, "held") for _ in range(HELD_PER_TARGET)]
+        wait_until(lambda: gateway.triton.held_calls == MAX_CALLS_PER_TARGET)
+        wait_until(lambda: gateway.gateway.held.get("held") == HELD_PER_TARGET)
+        head = (b"POST /endpoints/local/invocations HTTP/1.1\r\nHost: x\r\nX-Amzn-SageMaker-Target-Model: held\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 6000000\r\n\r\n")
+        answer = raw_exchange(gateway.port, head)  # the body is never sent: answered and closed without it
+        assert answer.startswith(b"HTTP/1.1 429 ") and b"\r\nRetry-After: 1\r\n" in answer, answer
+        error = json.loads(answer.partition(b"\r\n\r\n")[2])
+        assert error["ErrorCode"] == "ThrottlingException" and f"{HELD_PER_TARGET} invocations of 'held'" in \
+            error["message"]
+        assert invoke(gateway.port, "m0")[0] == 200  # other targets are answered
+        gateway.triton.release.set()
+        assert [call.result()[0] for call in held] == [200] * HELD_PER_TARGET
+
+
+def test_gateway_answers_429_throttling_when_the_bodies_it_holds_reach_its_byte_bound():
+    """The bound on what all targets together hold: bodies counted by their Content-Length before they are read."""
+    served = serving(max_payload_bytes=len(BODY))
+    g = next(served)
+    with ThreadPoolExecutor(HELD_BODIES) as clients:
+        held = [clients.submit(invoke, g.port, f"held{i % 4}") for i in range(HELD_BODIES)]
+        wait_until(lambda: g.triton.held_calls == HELD_BODIES)
+        status, error = invoke(g.port, "m0")
+        assert status == 429 and error["ErrorCode"] == "ThrottlingException", error
+        assert "MB of request bodies, its bound" in error["message"], error
+        g.triton.release.set()
+        assert [call.result()[0] for call in held] == [200] * HELD_BODIES
+    assert invoke(g.port, "m0")[0] == 200
+    next(served, None)
+
+
+def test_gateway_logs_one_info_line_when_a_client_disconnects_mid_body(gateway, caplog):
+    """aiohttp logged an ERROR with a 25-line traceback for each client that went away while sending its body."""
+    caplog.set_level(logging.INFO)
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as client:
+        client.sendall(b"POST /endpoints/local/invocations HTTP/1.1\r\nHost: x\r\nX-Amzn-SageMaker-Target-Model: "
+                       b"m0\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n" + BODY[:10])
+        time.sleep(0.2)
+    wait_until(lambda: any("closed its connection" in r.getMessage() for r in caplog.records), 5.0)
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [("INFO", "the client of an invocation of 'm0' closed its connection before sending the whole "
+                              "body")], said
+    assert invoke(gateway.port, "m0")[0] == 200
 
 
 def test_gateway_answers_424_when_a_loaded_target_does_not_answer_within_the_invocation_limit(quick_gateway):

@@ -310,6 +310,60 @@ def test_model_manager_calls_again_without_a_reload_when_triton_missed_a_name_on
     assert set(manager.loaded_targets()) == triton.loaded == {"m0", "m1"} and triton.violations == []
 
 
+def test_model_manager_answers_once_without_decoding_when_a_successful_output_names_an_unknown_model(monkeypatch):
+    """Only a failed call can be Triton missing the name (it answers 400): a 200 whose output holds that text is
+    answered as it is, not executed again, and its (possibly large) body is not decoded to look."""
+    class EchoTriton(FakeTriton):
+        invocations = 0
+
+        def invoke(self, model_hash: str, target: str, body: bytes, content_type: str | None) -> Reply:
+            self.invocations += 1
+            super().invoke(model_hash, target, body, content_type)
+            output = {"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": [f"Request for unknown model: "
+                                                                                  f"'{target}' is not found"]}
+            return Reply(200, json.dumps({"outputs": [output]}).encode())
+
+    decoded, message = [], Reply.message
+    monkeypatch.setattr(Reply, "message", property(lambda reply: decoded.append(reply.status) or message.fget(reply)))
+    triton = EchoTriton(2, seed=0)
+    manager = manager_for(triton, 2)
+    target, status, text = outcome(manager, triton, "m0")
+    assert status == 200 and "Request for unknown model" in text
+    assert triton.invocations == 1 and manager.metrics.snapshot().get("InvocationRetries", 0) == 0
+    assert 200 not in decoded
+
+
+def test_model_manager_says_a_target_is_loading_only_while_its_load_is_in_triton():
+    """A first call waiting for a slot (or for the unload that frees one) is not loading: the gateway must not
+    answer "its load goes on" for it."""
+    class GatedTriton(FakeTriton):
+        entered, gate = threading.Event(), threading.Event()
+
+        def load(self, model_hash: str, target: str, url: Path) -> Reply:
+            if target == "m1":
+                self.entered.set()
+                self.gate.wait(5)
+            return super().load(model_hash, target, url)
+
+    triton = GatedTriton(1, seed=0)
+    manager = manager_for(triton, 1)
+    assert outcome(manager, triton, "m0")[1] == 200
+    busy = manager.slots.use_loaded("m0")  # the only slot is in use: m1's first call waits for it
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(outcome, manager, triton, "m1")
+        try:
+            time.sleep(0.3)
+            assert not manager.loading("m1") and not triton.entered.is_set()
+            manager.slots.release(busy)
+            assert triton.entered.wait(5) and manager.loading("m1")
+        finally:
+            if busy.active:
+                manager.slots.release(busy)
+            triton.gate.set()
+        assert call.result()[1] == 200
+    assert not manager.loading("m1") and manager.loaded_targets() == ["m1"]
+
+
 class FullDiskTriton(FakeTriton):
     """Loads of ENV_TARGET fail as Triton 2.51's did when /tmp was full (its python backend unpacks each packed
     environment there; the message is a CI run's) while `full()` says so."""
@@ -422,6 +476,40 @@ def test_model_manager_answers_503_and_remembers_nothing_when_triton_keeps_a_tar
     assert manager.loaded_targets() == []
 
 
+def test_model_manager_loads_into_the_next_server_when_a_first_call_comes_while_tritonserver_stops():
+    """A stopping tritonserver still answers, and refuses a load as a failure of its own (400 "Server not ready"): a
+    first call during a restart waits for the next server instead of being refused (and remembered) by that one."""
+    class SlowStopTriton(FakeTriton):
+        stopping, proceed = threading.Event(), threading.Event()
+
+        def load(self, model_hash: str, target: str, url: Path) -> Reply:
+            if self.stopping.is_set() and self.running:
+                return Reply(400, b'{"error": "Server not ready"}')
+            return super().load(model_hash, target, url)
+
+        def stop(self, timeout_s: float = 30.0) -> None:
+            self.stopping.set()
+            self.proceed.wait(5)
+            super().stop(timeout_s)
+
+        def start(self, timeout_s: float = 180.0) -> FakeTriton:
+            self.stopping.clear()
+            return super().start(timeout_s)
+
+    triton = SlowStopTriton(2, seed=0)
+    manager = ModelManager(store := FakeStore(), triton, 2, Metrics(), FaultPolicy())
+    assert outcome(manager, triton, "m0")[1] == 200
+    with ThreadPoolExecutor(2) as pool:
+        restart = pool.submit(manager.recovery.restart, "a load did not end", triton.starts)
+        assert triton.stopping.wait(5)
+        call = pool.submit(outcome, manager, triton, "m1")
+        time.sleep(0.3)
+        triton.proceed.set()
+        restart.result()
+        assert call.result()[1] == 200, call.result()
+    assert store.refused == {} and triton.starts == 2 and triton.loaded == {"m1"}
+
+
 def table_with(max_models: int, *targets: str) -> SlotTable:
     """A slot table with `targets` loaded, the first the least recently used."""
     table = SlotTable(max_models, Metrics())
@@ -444,11 +532,11 @@ def test_slot_table_restores_no_target_that_another_call_is_making_room_for():
 
 def test_slot_table_answers_503_in_time_when_a_targets_unload_never_finishes():
     """A broken target whose unload timed out and whose restart the budget refused keeps its slot UNLOADING
-    (`keep_unloading`): a later call for it waited with no deadline, holding its HTTP thread for good."""
+    (`keep_stuck`): a later call for it waited with no deadline, holding its HTTP thread for good."""
     table = table_with(2, "m0", "m1")
     stuck = table.start_unloading(keep="m1")
     assert stuck.target == "m0"
-    table.keep_unloading(stuck)
+    table.keep_stuck(stuck)
     assert table.metrics.snapshot()["LoadedModelCount"] == 1  # unloading is not loaded
     started = time.monotonic()
     with pytest.raises(TargetError) as raised:

@@ -6,9 +6,12 @@ chunked or not). The gateway adds 411 for a body without a length, 405 with `All
 headers as UTF-8, as boto3 sends a non-ASCII TargetModel, 400 for a body that does not decode as its
 Content-Encoding says, and 408 for a body that does not arrive in time; a connection that sends no request is closed
 after `IDLE_CONNECTION_S`. Invocations run in a thread pool (the manager blocks on Triton) that slow or hung targets
-cannot fill (`InvokeThreads`), and are answered within SageMaker's `INVOCATION_S`: a target still loading then gets
-429 ModelNotReadyException while its load goes on, a loaded one that has not answered 424 ModelError. Probes run in
-another pool, so `/ping` stays quick under load. `drain` is the graceful half of stopping.
+cannot fill, nor first calls of targets not loaded yet (`InvokeThreads`), and are answered within SageMaker's
+`INVOCATION_S`: a target still loading then gets 429 ModelNotReadyException while its load goes on, a loaded one that
+has not answered 424 ModelError. The requests the gateway holds (reading, waiting or running) are bounded per target
+(`HELD_PER_TARGET`) and in bytes of bodies (`HELD_BODIES`): past that, 429 ThrottlingException with Retry-After before
+the body is read, which boto3 retries on its own. Probes run in another pool, so `/ping` stays quick under load.
+`drain` is the graceful half of stopping.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ ENDPOINT_NAME = re.compile(r"[A-Za-z0-9](?:-*[A-Za-z0-9]){0,62}")
 INVOKE_THREADS = 64
 MAX_CALLS_PER_TARGET = INVOKE_THREADS // 4
 RESERVED_THREADS = INVOKE_THREADS // 4  # free to targets with no call running: the busy ones share the rest
+LOADED_THREADS = INVOKE_THREADS // 8  # of those, free to loaded targets only: a call that loads may take minutes
+HELD_PER_TARGET = INVOKE_THREADS  # requests of one target in the gateway at once (reading, waiting or running)
+HELD_BODIES = INVOKE_THREADS // 2  # bytes of bodies the gateway holds at once, in bodies at the payload limit
+THROTTLED_RETRY_S = 1.0
 DRAIN_GRACE_S = 1.0
 INVOCATION_S = 60.0  # SageMaker answers an invocation within this, loading the target included
 BODY_READ_S = INVOCATION_S
@@ -85,21 +92,25 @@ class OneLineBadRequests(logging.Filter):
 class InvokeThreads:
     """Admission to the invocation threads, in the event loop: at most `per_target` calls of one target at a time,
     and a target with a call running gets another thread only while more than `reserved` are free, so that slow or
-    hung targets together leave threads to the others. Calls that wait hold no thread; a thread counts until its
-    call ends, also when its caller was answered first (`INVOCATION_S`)."""
+    hung targets together leave threads to the others; the first call of a target not loaded (it downloads, checks,
+    loads, waits for a slot) only while more than `reserved_for_loaded` are free, so that cold starts leave threads
+    to loaded targets. Calls that wait hold no thread; a thread counts until its call ends, also when its caller was
+    answered first (`INVOCATION_S`)."""
 
-    def __init__(self, threads: int, per_target: int, reserved: int):
+    def __init__(self, threads: int, per_target: int, reserved: int, reserved_for_loaded: int):
         self.free, self.per_target, self.reserved = threads, per_target, reserved
+        self.reserved_for_loaded = reserved_for_loaded
         self._running: dict[str | None, int] = {}
         self._changed = asyncio.Condition()
 
-    def _may_start(self, target: str | None) -> bool:
+    def _may_start(self, target: str | None, loaded: bool) -> bool:
         running = self._running.get(target, 0)
-        return running < self.per_target and self.free > (self.reserved if running else 0)
+        kept = self.reserved if running else (0 if loaded else self.reserved_for_loaded)  # threads left to others
+        return running < self.per_target and self.free > kept
 
-    async def acquire(self, target: str | None) -> None:
+    async def acquire(self, target: str | None, loaded: bool) -> None:
         async with self._changed:
-            await self._changed.wait_for(lambda: self._may_start(target))
+            await self._changed.wait_for(lambda: self._may_start(target, loaded))
             self.free -= 1
             self._running[target] = self._running.get(target, 0) + 1
 
@@ -122,7 +133,10 @@ class Gateway:
         self.manager, self.metrics, self.max_payload_bytes = manager, manager.metrics, max_payload_bytes
         self.body_read_s, self.idle_connection_s, self.invocation_s = body_read_s, idle_connection_s, invocation_s
         self._invokers = ThreadPoolExecutor(INVOKE_THREADS, thread_name_prefix="mme-invoke")
-        self._threads = InvokeThreads(INVOKE_THREADS, MAX_CALLS_PER_TARGET, RESERVED_THREADS)
+        self._threads = InvokeThreads(INVOKE_THREADS, MAX_CALLS_PER_TARGET, RESERVED_THREADS, LOADED_THREADS)
+        self.held: dict[str | None, int] = {}  # requests in the gateway, per target (`HELD_PER_TARGET`)
+        self.held_bytes = 0  # and the bytes of their bodies, counted before they are read
+        self.max_held_bytes = HELD_BODIES * max_payload_bytes
         self._probes = ThreadPoolExecutor(4, thread_name_prefix="mme-probe")
         self.draining = False
         self._in_flight = 0
@@ -190,8 +204,27 @@ class Gateway:
                                                          f"{self.max_payload_bytes} byte limit", 413)
             response.force_close()  # the body is not read
             return self._counted(response)
+        target = request.headers.get(TARGET_HEADER)
+        # a body whose size is not known before it is read (chunked, compressed) counts as the payload limit
+        size = self.max_payload_bytes if chunked or "Content-Encoding" in request.headers else request.content_length
+        if self.held.get(target, 0) >= HELD_PER_TARGET or self.held_bytes + size > self.max_held_bytes:
+            return self._counted(self._throttled(target))
+        self.held[target] = self.held.get(target, 0) + 1
+        self.held_bytes += size
+        try:
+            return await self._read_and_answer(request, target)
+        finally:
+            self.held_bytes -= size
+            self.held[target] -= 1
+            if not self.held[target]:
+                del self.held[target]
+
+    async def _read_and_answer(self, request: web.Request, target: str | None) -> web.Response:
         try:
             body = await asyncio.wait_for(request.read(), self.body_read_s)  # past client_max_size: 413
+        except ConnectionResetError:  # aiohttp's ClientConnectionResetError too: nobody to answer
+            log.info("the client of an invocation of %r closed its connection before sending the whole body", target)
+            return web.Response(status=400)
         except asyncio.TimeoutError:
             response = error_response("ValidationError", f"the request body did not arrive within "
                                                          f"{self.body_read_s:g} s", 408)
@@ -202,7 +235,7 @@ class Gateway:
             response = error_response("ValidationError", f"the request body does not decode: {reason}", 400)
             response.force_close()
             return self._counted(response)
-        target, content_type = request.headers.get(TARGET_HEADER), request.headers.get("Content-Type")
+        content_type = request.headers.get("Content-Type")
         if content_type is not None and not content_type.isascii():
             return self._counted(error_response("ValidationError", "Content-Type must be ASCII", 400))
         self._in_flight += 1
@@ -241,7 +274,7 @@ class Gateway:
                                                       "x-Amzn-Invoked-Production-Variant": "AllTraffic"})
 
     async def _call(self, target: str | None, body: bytes, content_type: str | None) -> Reply:
-        await self._threads.acquire(target)
+        await self._threads.acquire(target, loaded=target in self.manager.loaded_targets())
         try:
             work = asyncio.wrap_future(self._invokers.submit(self._invoke, target, body, content_type))
         except BaseException:
@@ -257,14 +290,27 @@ class Gateway:
             return error_response("ModelError", f"Received server error (0) from model {target!r} with message "
                                                 f"\"no answer within {self.invocation_s:g} s, SageMaker's limit on an "
                                                 f"invocation\"", 424)
+        waits_for = "its load goes on" if self.manager.loading(target) else "it waits for a model slot or tritonserver"
         return error_response("ModelNotReadyException", f"{target!r} is not loaded yet after {self.invocation_s:g} s; "
-                                                         f"its load goes on: try again", 429, retry_after=5)
+                                                         f"{waits_for}: try again", 429, retry_after=5)
 
     def _invoke(self, target: str | None, body: bytes, content_type: str | None) -> Reply:
         problem = request_problem(body, content_type)  # bodies tritonserver 2.51 would answer 500 or wrongly accept
         if problem:
             raise TargetError(400, problem)
         return self.manager.invoke(target, body, content_type)
+
+    def _throttled(self, target: str | None) -> web.Response:
+        """429 before the body is read: the gateway holds as many requests of `target`, or bytes of bodies, as it
+        may (SageMaker's answer where it throttles an endpoint)."""
+        if self.held.get(target, 0) >= HELD_PER_TARGET:
+            why = f"{HELD_PER_TARGET} invocations of {target!r}"
+        else:
+            why = f"{self.held_bytes / 1e6:.0f} MB of request bodies, its bound"
+        response = error_response("ThrottlingException", f"the local MME holds {why} already; try again", 429,
+                                  retry_after=THROTTLED_RETRY_S)
+        response.force_close()  # the body is not read
+        return response
 
     def _shutting_down(self) -> web.Response:
         response = error_response("ServiceUnavailable", "the local MME is shutting down; try again", 503,

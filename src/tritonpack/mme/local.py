@@ -100,6 +100,7 @@ class LocalMME:
         self._stop_loop()
         self.manager.shutdown()
         self.triton.close()
+        self.cache.close()
 
     def _run(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()

@@ -4,8 +4,10 @@ A first call takes a free model slot (`slots.SlotTable`), or the slot of the lea
 that target has been unloaded, or waits. A tarball is fetched and checked before any slot is touched, and a load
 Triton refuses gives the evicted target its slot back: a failed load leaves the loaded set as it was. A target whose
 python stub dies is unloaded and loaded again (tritonserver is restarted only when that unload does not finish); one
-that keeps crashing its stub or the server is quarantined (`health.FaultPolicy`). A failed attempt is tried again
-when its `RetryReason` says another may succeed, once per reason: that loop is in `invoke`, nowhere else.
+that keeps crashing its stub or the server is quarantined (`health.FaultPolicy`). Triton may still be running a call
+or a load it did not answer in time: that call's target is unloaded like one whose stub died, and that load is ended
+by a restart, so that no slot is freed while Triton may still hold its model. A failed attempt is tried again when
+its `RetryReason` says another may succeed, once per reason: that loop is in `invoke`, nowhere else.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from tritonpack.mme.container import Container, Reply
 from tritonpack.mme.health import CrashLedger, FaultPolicy
 from tritonpack.mme.metrics import Metrics
-from tritonpack.mme.recovery import Recovery, Retry, RetryReason
+from tritonpack.mme.recovery import NoAnswer, Recovery, Retry, RetryReason
 from tritonpack.mme.slots import Phase, Slot, SlotTable
 from tritonpack.mme.sources import TargetError, target_hash, validate_target
 from tritonpack.mme.store import INSUFFICIENT_STORAGE, TargetStore
@@ -36,6 +38,11 @@ MODEL_GONE = re.compile(r"Request for unknown model: '[^']*' is not found")
 # A load that failed because a disk is full (the python backend unpacks each packed environment under /tmp): the
 # host's state, not the tarball's fault.
 NO_DISK_SPACE = re.compile(r"No space left on device|Failed to create environment directory")
+
+
+def model_gone(reply: Reply) -> bool:
+    """Triton did not resolve the target's name (its answer is 400; a 200's output may hold any text)."""
+    return reply.status != 200 and MODEL_GONE.search(reply.message) is not None
 
 
 class ModelManager:
@@ -70,15 +77,18 @@ class ModelManager:
 
         try:
             reply = call()
-            if MODEL_GONE.search(reply.message):  # a name lookup that raced another target's load: once more
+            if model_gone(reply):  # a name lookup that raced another target's load: once more
                 self.metrics.inc("InvocationRetries")
                 log.info("%s: trying again: Triton did not resolve the name (%s)", target, reply.message)
                 reply = call()
+        except NoAnswer:  # an unload now would wait for the call Triton may still be running
+            self.slots.mark_broken(slot, "a call got no answer in time: Triton may still be running it")
+            raise
         finally:
             self.slots.release(slot, served=reply is not None and reply.status == 200)
         if reply.status == 200:
             return reply
-        if (reply.status == 404 and not reply.body) or MODEL_GONE.search(reply.message):
+        if (reply.status == 404 and not reply.body) or model_gone(reply):
             self.slots.mark_broken(slot, "Triton no longer knows the target")
             raise Retry(RetryReason.TARGET_GONE, TargetError(503, f"Triton lost {target!r} twice during the call"))
         if STUB_UNHEALTHY.search(reply.message):
@@ -125,7 +135,8 @@ class ModelManager:
 
     def _load(self, slot: Slot, use: bool) -> bool:
         """Load `slot`'s target. True when it is loaded (in use if `use`); False when a restart emptied the table
-        meanwhile. When Triton refuses it, the slot is given up and TargetError raised."""
+        meanwhile. When Triton refuses it, the slot is given up and TargetError raised; when Triton does not answer
+        in time, tritonserver is restarted (the slot goes with its table) and TargetError raised."""
         target, url = slot.target, slot.prepared.model_dir
 
         def load() -> Reply | None:
@@ -135,7 +146,7 @@ class ModelManager:
             self.store.evict(self.slots.held_targets(), full_disk=True)
             return Reply(INSUFFICIENT_STORAGE, reply.body, reply.content_type)  # room may be made: never refused
 
-        started = time.monotonic()
+        generation, started = self.container.starts, time.monotonic()
         try:
             reply = load()
             if reply is not None and reply.status == 409:
@@ -144,6 +155,10 @@ class ModelManager:
                 reply = load()
             while reply is not None and reply.status == INSUFFICIENT_STORAGE and self._evict_idle(keep=target):
                 reply = load()
+        except NoAnswer as e:  # Triton may still be loading it: only a restart frees its slot
+            self._restart_stuck(slot, f"{target!r} did not load ({e.message})", generation)
+            raise TargetError(502, f"Triton did not load {target!r} in time ({e.message}); tritonserver was "
+                                   f"restarted to end that load") from e
         except BaseException:
             self.slots.drop(slot)
             raise
@@ -198,16 +213,17 @@ class ModelManager:
         its HTTP threads for the whole unload, and a reply due on that thread waits for it: an unload that waits for
         a request in flight never finishes. So a target is unloaded only once none of its calls is in Triton, and one
         that still does not unload in time (its stub died), or that Triton refuses to unload, gets tritonserver
-        restarted, which empties the table: a slot is never handed on while Triton may still hold its model."""
+        restarted, which empties the table: a slot is never handed on while Triton may still hold its model. A
+        broken target (a dead stub, or a call Triton may still be running) gets a short timeout."""
         timeout = self.policy.dead_unload_timeout_s if slot.broken else None
         generation, started = self.container.starts, time.monotonic()
         try:
             reply = self._send(slot, lambda: self.container.unload(target_hash(slot.target), slot.target,
                                                                    timeout=timeout))
-        except (TargetError, Retry) as e:
-            if not isinstance(e, TargetError) or e.status != 502:
-                return  # tritonserver died or was restarted meanwhile, and the table with it
+        except NoAnswer as e:
             failure = e.message
+        except (TargetError, Retry):
+            return  # tritonserver died or was restarted meanwhile, and the table with it
         else:
             if reply is None:
                 return  # a restart emptied the table meanwhile
@@ -216,10 +232,15 @@ class ModelManager:
                 log.info("unloaded %s%s", slot.target, f" ({slot.broken})" if slot.broken else "")
                 return
             failure = f"HTTP {reply.status}: {reply.message}"
+        self._restart_stuck(slot, f"{slot.target!r} did not unload ({failure})", generation)
+
+    def _restart_stuck(self, slot: Slot, why: str, generation: int) -> None:
+        """Restart tritonserver start `generation`, which may still be loading or unloading `slot`'s target; when
+        the restart is refused, `slot` keeps its place until a later one."""
         try:
-            self.recovery.restart(f"{slot.target!r} did not unload ({failure})", generation)
+            self.recovery.restart(why, generation)
         except TargetError:
-            self.slots.keep_unloading(slot)
+            self.slots.keep_stuck(slot)
             raise
 
     def _evict_idle(self, keep: str) -> bool:
@@ -249,6 +270,10 @@ class ModelManager:
 
     def loaded_targets(self) -> list[str]:
         return self.slots.loaded_targets()
+
+    def loading(self, target: str) -> bool:
+        """Whether a load of `target` is in Triton now (a call waiting for a slot or an unload is not loading)."""
+        return self.slots.loading(target)
 
     def ready(self) -> bool:
         """For /ping: tritonserver is up and answering, not in the middle of a (re)start, and the gateway is not

@@ -37,6 +37,10 @@ class RetryReason(Enum):
     OUT_OF_MEMORY = "Triton answered 507 and an idle target was unloaded to make room"
 
 
+class NoAnswer(TargetError):
+    """tritonserver is up but did not answer within the request's timeout: it may still be working on it."""
+
+
 class Retry(Exception):
     """An attempt failed for `reason`; `outcome` (an error to raise or a reply) is the answer if none is left."""
 
@@ -66,13 +70,14 @@ class Recovery:
 
     def call(self, request: Callable[[], T]) -> T:
         """`request()` to tritonserver; a server that died or was restarted meanwhile becomes a TargetError (503,
-        the server restarted if the budget allows) or a `Retry` (the gateway restarted it on purpose)."""
+        the server restarted if the budget allows) or a `Retry` (the gateway restarted it on purpose), one still up
+        that did not answer in time a `NoAnswer`."""
         generation = self.container.starts
         try:
             return request()
         except TritonUnavailable as e:
             if self._still_running(generation):
-                raise TargetError(502, f"tritonserver did not answer: {e}") from e
+                raise NoAnswer(502, f"tritonserver did not answer: {e}") from e
             if self._planned_stop == generation:
                 raise Retry(RetryReason.PLANNED_RESTART,
                             TargetError(503, "tritonserver was restarted during the call", retry_after=1)) from e
@@ -139,24 +144,25 @@ class Recovery:
                                    f"log {self.container.log_path}", retry_after=wait)
         if planned:
             self._planned_stop = self.container.starts
-        self.manager.slots.drop_all()
-        self.metrics.inc("TritonRestarts")
-        log.warning("restarting tritonserver: %s", why)
-        try:
-            self.container.stop(timeout_s=3.0)  # a dead stub's model never unloads: no exit grace
-            if not self.manager.slots.wait_for_requests(REQUESTS_END_S):
-                log.warning("loads or unloads sent to the stopped tritonserver still in flight after %g s",
-                            REQUESTS_END_S)
-            self.container.start()
-        except Exception as e:  # noqa: BLE001 - reported to the caller as the reason
-            self.budget.refund()
-            self._failed_starts += 1
-            delay = START_RETRY_S[min(self._failed_starts, len(START_RETRY_S)) - 1]
-            self._next_start = time.monotonic() + delay
-            self._start_failure = (str(e).splitlines() or [type(e).__name__])[0]  # the log's tail stays in the log
-            log.warning("tritonserver did not start: %s; next try in %g s", self._start_failure, delay)
-            raise TargetError(503, f"{why}; restarting tritonserver failed: {self._start_failure}",
-                              retry_after=delay) from e
+        with self.manager.slots.restarting():
+            self.manager.slots.drop_all()
+            self.metrics.inc("TritonRestarts")
+            log.warning("restarting tritonserver: %s", why)
+            try:
+                self.container.stop(timeout_s=3.0)  # a dead stub's model never unloads: no exit grace
+                if not self.manager.slots.wait_for_requests(REQUESTS_END_S):
+                    log.warning("loads or unloads sent to the stopped tritonserver still in flight after %g s",
+                                REQUESTS_END_S)
+                self.container.start()
+            except Exception as e:  # noqa: BLE001 - reported to the caller as the reason
+                self.budget.refund()
+                self._failed_starts += 1
+                delay = START_RETRY_S[min(self._failed_starts, len(START_RETRY_S)) - 1]
+                self._next_start = time.monotonic() + delay
+                self._start_failure = (str(e).splitlines() or [type(e).__name__])[0]  # the log's tail stays in the log
+                log.warning("tritonserver did not start: %s; next try in %g s", self._start_failure, delay)
+                raise TargetError(503, f"{why}; restarting tritonserver failed: {self._start_failure}",
+                                  retry_after=delay) from e
         self._failed_starts = 0
 
     @property

@@ -7,7 +7,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 
@@ -46,6 +47,7 @@ class SlotTable:
         self.max_models, self.metrics = max_models, metrics
         self._slots: OrderedDict[str, Slot] = OrderedDict()  # least recently used first
         self._requests_in_flight = 0  # loads and unloads being sent to tritonserver (`send`)
+        self._restarting = False  # no slot is taken while tritonserver restarts (`restarting`)
         self._cond = threading.Condition()
 
     def use_loaded(self, target: str) -> Slot | None:
@@ -60,39 +62,21 @@ class SlotTable:
               refusal: Callable[[], TargetError | None] = lambda: None) -> tuple[Slot, Slot | None]:
         """(slot, None) when the target is loaded (the slot is now in use); otherwise (new, old): the caller loads
         `new`, which is in the table already (old is None) or takes `old`'s place once the caller has unloaded it.
-        Waits while the target is being loaded or unloaded, and while every slot is busy (until `slot_deadline`).
+        Waits while the target is being loaded or unloaded, while every slot is busy and while tritonserver
+        restarts (until `slot_deadline`).
         Raises `refusal()` when the target may not be loaded now (Triton refused this version meanwhile, or it was
         quarantined while this call waited), before taking or emptying any slot for it."""
-        target = prepared.target
         with self._cond:
             while True:
                 if stopping():
                     raise TargetError(503, "the local MME is shutting down", retry_after=5)
                 if (refused := refusal()) is not None:
                     raise refused
-                slot = self._slots.get(target)
-                if slot is not None and slot.phase is Phase.LOADED:
-                    if not slot.broken:
-                        return self._use(slot), None
-                    if not slot.active:  # its last load broke: unload it once no call is in it, load it again
-                        slot.phase, slot.handover = Phase.UNLOADING, target
-                        self._changed()
-                        return Slot(prepared), slot
-                if self._unclaimed(target):
-                    if len(self._slots) < self.max_models:
-                        new = self._slots[target] = Slot(prepared)
-                        self._changed()
-                        return new, None
-                    victim = self._idle()
-                    if victim is not None:
-                        victim.phase, victim.handover = Phase.UNLOADING, target
-                        self._changed()
-                        return Slot(prepared), victim
-                    waiting_for = f"all {self.max_models} model slots stayed busy"
-                else:  # another call is loading it, or unloading it (or the target it replaces) to load it again
-                    waiting_for = f"{target!r} was still being loaded or unloaded by another call"
+                taken = self._take(prepared)
+                if not isinstance(taken, str):
+                    return taken
                 if time.monotonic() >= slot_deadline:  # no wait is unbounded: an unload may never finish
-                    raise TargetError(503, waiting_for, retry_after=1)
+                    raise TargetError(503, taken, retry_after=1)
                 self._cond.wait(timeout=0.5)
 
     def hand_over(self, old: Slot, new: Slot) -> bool:
@@ -108,7 +92,7 @@ class SlotTable:
     def reserve(self, prepared: Prepared) -> Slot | None:
         """A new slot for `prepared` if its target has none (nor is taking another's) and one is free."""
         with self._cond:
-            if not self._unclaimed(prepared.target) or len(self._slots) >= self.max_models:
+            if self._restarting or not self._unclaimed(prepared.target) or len(self._slots) >= self.max_models:
                 return None
             slot = self._slots[prepared.target] = Slot(prepared)
             self._changed()
@@ -170,8 +154,9 @@ class SlotTable:
                 self._changed()
             return victim
 
-    def keep_unloading(self, slot: Slot) -> None:
-        """`slot` did not unload and tritonserver could not be restarted: it keeps its place, handed to nobody."""
+    def keep_stuck(self, slot: Slot) -> None:
+        """`slot` did not load or unload and tritonserver could not be restarted: it keeps its place, handed to
+        nobody, until a restart empties the table."""
         with self._cond:
             slot.handover = None
             self._cond.notify_all()
@@ -195,6 +180,19 @@ class SlotTable:
                 del self._slots[slot.target]
                 self._changed()
 
+    @contextmanager
+    def restarting(self) -> Iterator[None]:
+        """While tritonserver restarts, no slot is taken: a load sent now would reach the server being stopped
+        (which answers it as a failure of its own) or, queued, the next one."""
+        with self._cond:
+            self._restarting = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._restarting = False
+                self._cond.notify_all()
+
     def drop_all(self) -> list[str]:
         """Forget every slot (tritonserver is gone or going); the targets that had work in it and had not answered
         a call since they were loaded. A target that kills the server never answers; targets that were serving
@@ -214,6 +212,11 @@ class SlotTable:
         with self._cond:
             return [t for t, s in self._slots.items() if s.phase is Phase.LOADED]
 
+    def loading(self, target: str) -> bool:
+        with self._cond:
+            slot = self._slots.get(target)
+            return slot is not None and slot.phase is Phase.LOADING
+
     def snapshot(self) -> list[Slot]:
         """Copies of the slots, least recently used first (for tests and diagnostics)."""
         with self._cond:
@@ -228,6 +231,32 @@ class SlotTable:
     def _unclaimed(self, target: str) -> bool:
         """No slot is `target`'s, and none is being unloaded to be handed to it."""
         return target not in self._slots and not any(s.handover == target for s in self._slots.values())
+
+    def _take(self, prepared: Prepared) -> tuple[Slot, Slot | None] | str:
+        """`claim`'s answer if it can be given now, else what it waits for."""
+        if self._restarting:  # a load now would reach the server being stopped
+            return "tritonserver was still being restarted"
+        target = prepared.target
+        slot = self._slots.get(target)
+        if slot is not None and slot.phase is Phase.LOADED:
+            if not slot.broken:
+                return self._use(slot), None
+            if not slot.active:  # its last load broke: unload it once no call is in it, load it again
+                slot.phase, slot.handover = Phase.UNLOADING, target
+                self._changed()
+                return Slot(prepared), slot
+        if not self._unclaimed(target):  # another call is loading it, or unloading it (or the target it replaces)
+            return f"{target!r} was still being loaded or unloaded by another call"
+        if len(self._slots) < self.max_models:
+            new = self._slots[target] = Slot(prepared)
+            self._changed()
+            return new, None
+        victim = self._idle()
+        if victim is None:
+            return f"all {self.max_models} model slots stayed busy"
+        victim.phase, victim.handover = Phase.UNLOADING, target
+        self._changed()
+        return Slot(prepared), victim
 
     def _idle(self, keep: str | None = None) -> Slot | None:
         return next((s for s in self._slots.values() if s.phase is Phase.LOADED and not s.active

@@ -9,6 +9,8 @@ from pathlib import Path, PurePosixPath
 from tritonpack.errors import TritonpackError
 
 MAX_TARGET_LENGTH = 1024  # SageMaker's limit on TargetModel
+THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequestsException"}
+SOURCE_RETRY_S = 5.0
 
 
 def default_code(status: int) -> str:
@@ -28,6 +30,17 @@ class TargetError(TritonpackError):
         self.status, self.message, self.problems = status, message, list(problems or [])
         self.code = code or default_code(status)
         self.retry_after = retry_after
+
+
+def unreachable(location: str, error: Exception) -> TargetError:
+    """The answer when the source did not say whether a target is there: 503 with Retry-After where it is throttled
+    or failing (a 5xx), 502 otherwise (an endpoint down, a refusal)."""
+    response = getattr(error, "response", None) or {}  # botocore's ClientError
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+    reason = " ".join(str(error).split())  # one line
+    if status >= 500 or response.get("Error", {}).get("Code") in THROTTLED:
+        return TargetError(503, f"{location} did not answer for now: {reason}", retry_after=SOURCE_RETRY_S)
+    return TargetError(502, f"could not fetch {location}: {reason}")
 
 
 def validate_target(target: str | None) -> str:
@@ -107,14 +120,16 @@ class S3Source:
         return f"{self.prefix}/{target}" if self.prefix else target
 
     def version(self, target: str) -> str | None:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             head = self.client.head_object(Bucket=self.bucket, Key=self.key(target))
         except ClientError as e:
             if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") in (403, 404):
                 return None
-            raise
+            raise unreachable(self.location(target), e) from e
+        except BotoCoreError as e:  # the endpoint down, a timeout, no credentials
+            raise unreachable(self.location(target), e) from e
         return f"{head.get('ContentLength')}-{head.get('ETag', '').strip(chr(34))}"
 
     def fetch(self, target: str, staging: Path) -> Path:

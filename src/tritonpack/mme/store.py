@@ -8,21 +8,24 @@ file costs what the check reads of it), an S3 one is downloaded once into a stag
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
+import os
 import re
 import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from tritonpack.errors import UserError, disk_full
 from tritonpack.mme.metrics import Metrics
-from tritonpack.mme.sources import TargetError, target_hash
+from tritonpack.mme.sources import TargetError, target_hash, unreachable
 
 log = logging.getLogger("tritonpack.mme")
 INSUFFICIENT_STORAGE = 507
@@ -51,7 +54,8 @@ class DiskCache:
     """Extracted targets under `root/<hash>/model`, bounded to `max_bytes` by evicting least recently used ones.
 
     Only entries the caller says are not in use (not loaded in Triton) are evicted. Entries left by an earlier
-    run are found again at start-up (`<hash>/source.json` names their target and version).
+    run are found again at start-up (`<hash>/source.json` names their target and version). One cache at a time uses
+    `root`: it holds an exclusive lock on the folder until `close` (another would remove what this one is writing).
     """
 
     def __init__(self, root: Path, max_bytes: int):
@@ -64,6 +68,14 @@ class DiskCache:
                 raise
             raise UserError(f"--cache-dir {root}: cannot create it ({e.strerror}); name a folder this user may "
                             f"write") from None
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)  # not inherited by tritonserver
+        self.close = weakref.finalize(self, os.close, fd)  # unlocks: on `close()`, or once nothing refers to the cache
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.close()
+            raise UserError(f"--cache-dir {root}: another local MME uses this disk cache; start this one with another "
+                            f"--cache-dir, or stop the other") from None
         self._lock = threading.Lock()
         self.entries: dict[str, CacheEntry] = {}
         for folder in self.root.iterdir():
@@ -260,7 +272,7 @@ class TargetStore:
         except Exception as e:  # noqa: BLE001 - any fetch failure but a full disk is the source's answer
             if disk_full(e):
                 raise
-            raise TargetError(502, f"could not fetch {self.source.location(target)}: {e}") from e
+            raise unreachable(self.source.location(target), e) from e
 
     def _with_room(self, target: str, in_use: Callable[[], Iterable[str]], doing: str, write: Callable[[], Path]) \
             -> Path:
