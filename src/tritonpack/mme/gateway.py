@@ -302,7 +302,7 @@ class Gateway:
 
     def _throttled(self, target: str | None) -> web.Response:
         """429 before the body is read: the gateway holds as many requests of `target`, or bytes of bodies, as it
-        may (SageMaker's answer where it throttles an endpoint)."""
+        may (a throttling answer, which SDKs retry with backoff)."""
         if self.held.get(target, 0) >= HELD_PER_TARGET:
             why = f"{HELD_PER_TARGET} invocations of {target!r}"
         else:
