@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonpack.build import torchscript
+from tritonpack.build.text_source import weights_problem
 from tritonpack.cache import producer
 from tritonpack.errors import SpecError
 
@@ -55,6 +56,8 @@ def load_module(weights: str | None):
         from transformers.utils import logging
 
         logging.disable_progress_bar()
+        if problem := weights_problem(Path(weights)):
+            raise SpecError(f"--weights {problem}")
         try:
             model = ResNetForImageClassification.from_pretrained(weights, local_files_only=True)
         except (OSError, ValueError) as e:  # no weights or config in the folder, or not a ResNet's

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,8 +43,10 @@ class SentenceTransformerSource:
                 path = Path(snapshot_download(model))
             except Exception as e:  # offline, unknown id, malformed id: huggingface_hub raises many kinds
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                offline = " (HF_HUB_OFFLINE=1: run with HF_HUB_OFFLINE=0 where the hub is reachable)" \
+                    if os.environ.get("HF_HUB_OFFLINE") == "1" else ""
                 raise SpecError(f"--model {model}: not a local folder, and the hub could not give it ({reason}); "
-                                f"pass a local sentence-transformers folder") from None
+                                f"pass a local sentence-transformers folder{offline}") from None
         return cls.load(path)
 
     @classmethod
@@ -67,6 +70,8 @@ class SentenceTransformerSource:
             raise SpecError(f"{path}/config.json: model_type {config.get('model_type')!r} is not BERT-family")
         if not (path / "tokenizer.json").exists():
             raise SpecError(f"{path}: tokenizer.json is missing (the served tokenizer needs the fast format)")
+        if problem := weights_problem(path):
+            raise SpecError(f"--model {problem}")
         return cls(
             path=path,
             max_seq_length=_number(path / "sentence_bert_config.json", "max_seq_length"),
@@ -118,3 +123,20 @@ def _number(path: Path, key: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise SpecError(f"{path}: {key} is {value!r}, where a positive whole number is needed")
     return value
+
+
+WEIGHTS_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+GIT_LFS_POINTER = b"version https://git-lfs"
+
+
+def weights_problem(folder: Path) -> str | None:
+    """Why transformers cannot read weights from `folder` (none there, or a git-lfs pointer left by a clone without
+    git-lfs: transformers raised a traceback for either), or None."""
+    present = [folder / name for name in WEIGHTS_FILES if (folder / name).is_file()]
+    if not present:
+        return f"{folder}: no weights file ({', '.join(WEIGHTS_FILES[::2])})"
+    with open(present[0], "rb") as weights:
+        if weights.read(len(GIT_LFS_POINTER)) == GIT_LFS_POINTER:
+            return f"{present[0]}: a git-lfs pointer, not the weights: run `git lfs pull` in {folder}"
+    return None

@@ -17,6 +17,7 @@ from tritonpack.spec import DynamicBatching, override_fields
 MAX_TEXT_BYTES = 65536  # one TEXT element; longer input is rejected before tokenization
 ENCODER_RUNTIMES = ("onnxruntime", "openvino")
 ENCODER_WEIGHTS = ("fp32", "fp16")
+ENCODER_PRECISIONS = ("fp32", "bf16")  # bf16: matrix products in bfloat16 where the CPU has it natively
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,9 @@ class TextServing:
             raise SpecError(f"TextServing: encoder_pack_tokens must be 0 (no packing) or positive, got {self}")
         if self.encoder_pooling and not self.encoder_pack_tokens:
             raise SpecError("TextServing: encoder_pooling needs encoder_pack_tokens > 0 (the packed export pools)")
+        if self.encoder_precision not in ENCODER_PRECISIONS:  # fp16 raised a KeyError deep in the encoder's check
+            raise SpecError(f"TextServing: encoder_precision must be one of {', '.join(ENCODER_PRECISIONS)}, "
+                            f"got {self.encoder_precision!r}")
         if self.encoder_precision != "fp32" and self.encoder_runtime != "openvino":
             raise SpecError(f"TextServing: encoder_precision {self.encoder_precision} needs encoder_runtime=openvino")
         if self.encoder_pack_rows < 0 or (self.encoder_pack_rows and not self.encoder_pooling):

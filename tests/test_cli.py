@@ -46,10 +46,40 @@ def test_cli_infer_prints_embeddings_when_texts_come_from_args_and_file(served, 
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
     assert main(["infer", "plain output", "--url", f"http://{server.url}"]) == 0
     assert "bert: 1 embeddings of 384 floats" in capsys.readouterr().out
-    # The server's own refusal, one line naming the model (exit 1: the operation failed, not the command line)
-    assert main(["infer", "text", "--url", server.url, "--model", "no_such_model"]) == 1
+    # A model the server does not serve: one line naming what it serves (it said only "unknown model")
+    assert main(["infer", "text", "--url", server.url, "--model", "no_such_model"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"error: no_such_model at {server.url}: Request for unknown model: 'no_such_model' is not found"]
+        f"error: 'no_such_model' is not served at {server.url} (served: {', '.join(served_models(server))}): pass "
+        f"--model NAME"]
+
+
+def served_models(server) -> list[str]:
+    return sorted(path.parent.name for path in Path(server.model_repository).glob("*/config.pbtxt"))
+
+
+@pytest.mark.server
+def test_cli_infer_sends_a_file_longer_than_the_models_batch_in_requests_it_takes(served, tmp_path, capsys):
+    """300 lines went as one request of 300 texts: Triton refused it (batch-size must be <= 64)."""
+    server = served("bert")
+    texts = [f"line number {i} of a long file" for i in range(150)]
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+    assert main(["infer", "--file", str(tmp_path / "texts.txt"), "--url", server.url, "--json"]) == 0
+    vectors = np.array(json.loads(capsys.readouterr().out)["embeddings"])
+    assert vectors.shape == (150, 384)
+    for row in (0, 64, 149):  # first of each request, and the last
+        assert main(["infer", texts[row], "--url", server.url, "--json"]) == 0
+        alone = np.array(json.loads(capsys.readouterr().out)["embeddings"][0])
+        np.testing.assert_allclose(vectors[row], alone, atol=2e-3)
+
+
+@pytest.mark.server
+def test_cli_infer_says_in_one_line_that_a_model_does_not_take_text(served, capsys):
+    server = served("bert")
+    encoder = next(name for name in served_models(server) if "encoder" in name)  # takes token ids
+    assert main(["infer", "text", "--url", server.url, "--model", encoder]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {encoder!r} at {server.url} takes ") and line.endswith(
+        ", not one text input: `infer` sends text to an embedding ensemble (e.g. `make ensemble NAME=bert`)"), line
 
 
 def test_cli_prints_one_line_and_exits_2_when_the_user_asks_for_something_invalid():
@@ -93,13 +123,17 @@ MISTAKES = {  # argv → what the one line says; each used to end in a traceback
     "ensemble not built": (["serve", "{tmp}/dali_inception-portable"],
                            "no such repository folder; `make build NAME=dali_inception TARGET=portable` builds it"),
     "texts file missing": (["infer", "--file", "{tmp}/texts.txt"], "error: --file {tmp}/texts.txt: no such file"),
+    "texts file is a folder": (["infer", "--file", "{tmp}"], "error: --file {tmp}: a folder; --file takes a text "
+                                                             "file, one text per line"),
+    "texts file empty": (["infer", "--file", "{file}"], "error: --file {file}: no lines; write one text per line"),
     "texts file not utf-8": (["infer", "--file", "{file}"], "error: --file {file}: not UTF-8 text (invalid "
                                                             "continuation byte at byte 3); save it as UTF-8"),
     "weights without torchvision": (["build", "resnet_pt", "--target", "portable", "--weights", "{file}"],
                                     "error: --weights {file}: a state dict needs torchvision, which does not import "
                                     "here"),
-    "weights folder not a resnet": (["build", "resnet_pt", "--target", "portable", "--weights", "{tmp}"],
-                                    "error: --weights {tmp}: not a transformers ResNet folder"),
+    "weights folder without weights": (["build", "resnet_pt", "--target", "portable", "--weights", "{tmp}"],
+                                       "error: --weights {tmp}: no weights file (model.safetensors, "
+                                       "pytorch_model.bin)"),
     "model folder not sentence-transformers": (["build", "bert", "--target", "portable", "--model", "{tmp}"],
                                                "modules.json: missing, which a sentence-transformers folder has"),
     "nothing listening": (["infer", "hello", "--url", "127.0.0.1:{port}"],
@@ -134,6 +168,9 @@ MISTAKES = {  # argv → what the one line says; each used to end in a traceback
                                                  "check one: `tritonpack check {tmp}/bert-portable.tar.gz`"),
     "serve a tarball": (["serve", "{file}"], "error: {file} is a file: `serve` takes a repository folder"),
     "serve a folder of no models": (["serve", "{tmp}"], "would not load: {tmp_name}: models: no model folder"),
+    "serve two services on one port": (["serve", "{tmp}", "--http-port", "18000", "--grpc-port", "18000"],
+                                       "error: --http-port and --grpc-port both ask for port 18000: give each its "
+                                       "own, or 0 for a free one"),
     "mme models is a file": (["mme", "--models", "{file}"], "error: --models {file}: a file; --models takes the "
                                                             "folder holding the tarballs"),
     "gpu without tensorrt": (["build", "resnet_trt", "--target", "gpu"],  # before the ONNX export it would build
@@ -254,6 +291,18 @@ def test_write_tarball_leaves_no_partial_file_when_the_disk_fills(tmp_path, buil
             assert list((tmp_path / "disk").iterdir()) == []
 
 
+def test_cli_build_says_in_one_line_that_resnet_weights_are_a_git_lfs_pointer(tmp_path, capsys):
+    """A transformers ResNet folder cloned without git-lfs ended in safetensors' "header too large" traceback."""
+    weights = tmp_path / "resnet"
+    weights.mkdir()
+    (weights / "config.json").write_text("{}")
+    (weights / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\n")
+    assert main(["build", "resnet_pt", "--target", "portable", "--weights", str(weights), "--dist",
+                 str(tmp_path / "dist")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (f"error: --weights {weights}/model.safetensors: a git-lfs "
+                                                        f"pointer, not the weights: run `git lfs pull` in {weights}")
+
+
 def test_cli_infer_says_the_server_did_not_answer_in_time_when_tritonclient_times_out(monkeypatch, capsys):
     """A listener that never answers makes tritonclient raise TimeoutError after 60 s (stood in for here, to not
     wait a minute): it was taken for "nothing answers … start a server first"."""
@@ -262,7 +311,7 @@ def test_cli_infer_says_the_server_did_not_answer_in_time_when_tritonclient_time
     def silent(*args, **kwargs):
         raise TimeoutError("timed out")
 
-    monkeypatch.setattr(client, "embed", silent)
+    monkeypatch.setattr(client, "text_contract", silent)  # the first call to the server
     assert main(["infer", "hello", "--url", "127.0.0.1:9"]) == 1
     assert capsys.readouterr().err.strip() == ("error: 127.0.0.1:9 did not answer within 60 s (tritonclient's "
                                                "timeout): a server still loading, or not Triton's HTTP port")
@@ -310,7 +359,7 @@ def test_cli_infer_ends_at_once_with_one_line_when_interrupted_while_the_server_
                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as command:
             connection, _ = silent.accept()
             with connection:
-                assert connection.recv(65536).startswith(b"POST /v2/models/bert/infer")  # now waiting for an answer
+                assert connection.recv(65536).startswith(b"GET /v2/models/bert ")  # now waiting for its metadata
                 interrupted = time.monotonic()
                 command.send_signal(signal.SIGINT)
                 said = command.communicate(timeout=30)[1]

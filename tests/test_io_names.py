@@ -98,3 +98,20 @@ def test_notebook_image_client_gets_scores_from_output_when_it_sends_input(noteb
     assert max_rel_diff(scores, expected) <= MAX_REL_DIFF
     ensemble = parse_config((image.repository / "resnet_trt" / "config.pbtxt").read_text())
     assert ensemble.output[0].name == "OUTPUT" and ensemble.output[0].label_filename == "labels.txt"
+
+
+def test_infer_embeds_through_renamed_tensors_served_directly_and_through_the_mme(notebook_endpoint, tiny_reference,  # noqa: F811
+                                                                                  capsys):
+    """`tritonpack infer` sent TEXT and read EMBEDDING whatever the model's names: a repository built with --io-names
+    answered "unexpected inference output 'EMBEDDING'". Served directly it reads the names from the server; through
+    an MME (whose API has no metadata) it takes --io-names."""
+    from tritonpack.cli import main
+    from tritonpack.server import TritonServer
+
+    text, _, client = notebook_endpoint
+    with TritonServer(text.repository) as server:
+        assert main(["infer", *TEXTS, "--url", server.url, "--json"]) == 0
+        np.testing.assert_allclose(json.loads(capsys.readouterr().out)["embeddings"], tiny_reference(TEXTS), atol=2e-3)
+    assert main(["infer", *TEXTS, "--mme", client.meta.endpoint_url, "--target-model", "bert.tar.gz", "--io-names",
+                 "INPUT0:OUTPUT0", "--json"]) == 0
+    np.testing.assert_allclose(json.loads(capsys.readouterr().out)["embeddings"], tiny_reference(TEXTS), atol=2e-3)

@@ -438,7 +438,10 @@ def test_portable_openvino_runner_gets_the_ir_and_its_weights_file_when_built(tm
     (lambda p: TextServing(encoder_tokenizes=True), "needs encoder_pooling .*encoder_tokenizes=false"),
     (lambda p: TextServing(encoder_weights="fp16"), "encoder_weights fp16 needs encoder_runtime=openvino"),
     (lambda p: TextServing().with_overrides({"encoder_precision": "int8", "encoder_runtime": "openvino"}),
-     "openvino runs precision"),
+     "encoder_precision must be one of fp32, bf16"),
+    # fp16 is a weights setting: as a precision it raised a KeyError from the build's check of the encoder
+    (lambda p: TextServing().with_overrides({"encoder_precision": "fp16", "encoder_runtime": "openvino"}),
+     "encoder_precision must be one of fp32, bf16"),
 ])
 def test_encoder_settings_are_rejected_with_reason_when_invalid(make, message, tmp_path):
     with pytest.raises(SpecError, match=message):

@@ -115,6 +115,27 @@ def test_source_rejects_model_when_pooling_is_not_mean(tiny_model, tmp_path):
         SentenceTransformerSource.load(broken)
 
 
+@pytest.mark.parametrize("weights", ["missing", "git-lfs pointer"])
+def test_cli_build_says_in_one_line_that_a_model_folder_has_no_readable_weights(tiny_model, tmp_path, weights, capsys):
+    """A folder cloned without git-lfs (model.safetensors a pointer), or without its weights, ended in a traceback
+    from transformers (SafetensorError "header too large", OSError "no file named model.safetensors")."""
+    from tritonpack.cli import main
+
+    model = tmp_path / "clone"
+    shutil.copytree(tiny_model, model)
+    pointer = "version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 90868376\n"
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        (model / name).unlink(missing_ok=True)
+    if weights == "git-lfs pointer":
+        (model / "model.safetensors").write_text(pointer)
+    assert main(["build", "bert", "--target", "portable", "--model", str(model), "--dist", str(tmp_path / "d")]) == 2
+    said = capsys.readouterr().err.splitlines()[-1]
+    expected = {"missing": f"error: --model {model}: no weights file (model.safetensors, pytorch_model.bin)",
+                "git-lfs pointer": f"error: --model {model}/model.safetensors: a git-lfs pointer, not the weights: "
+                                   f"run `git lfs pull` in {model}"}[weights]
+    assert said == expected
+
+
 @pytest.mark.server
 def test_bert_serves_any_local_sentence_transformers_model_when_model_dir_is_given(tiny_model, test_dist):
     from sentence_transformers import SentenceTransformer

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import json
 import signal
 import subprocess
@@ -104,6 +105,11 @@ def build_hint(repository: Path) -> str:
 def cmd_serve(args) -> int:
     from tritonpack.server import PortInUse, TritonServer, native_backends, stub_path_problem
 
+    asked = [(option, port) for option in ("http_port", "grpc_port", "metrics_port") if (port := getattr(args, option))]
+    for (first, port), (second, other) in itertools.combinations(asked, 2):
+        if port == other:  # Triton's refusal came after ~30 lines of its usage text
+            raise UserError(f"--{first.replace('_', '-')} and --{second.replace('_', '-')} both ask for port {port}: "
+                            f"give each its own, or 0 for a free one")
     repository = Path(args.repository)
     if repository.is_file():
         raise UserError(f"{repository} is a file: `serve` takes a repository folder (dist/bert-portable); a tarball "
@@ -210,13 +216,18 @@ def cmd_infer(args) -> int:
 
     texts = list(args.texts)
     if args.file:
+        if Path(args.file).is_dir():
+            raise UserError(f"--file {args.file}: a folder; --file takes a text file, one text per line")
         if not Path(args.file).is_file():
             raise UserError(f"--file {args.file}: no such file")
         try:
-            texts += Path(args.file).read_text(encoding="utf-8").splitlines()
+            lines = Path(args.file).read_text(encoding="utf-8").splitlines()
         except UnicodeDecodeError as e:
             raise UserError(f"--file {args.file}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") \
                 from None
+        if not lines and not texts:
+            raise UserError(f"--file {args.file}: no lines; write one text per line")
+        texts += lines
     if not texts:
         raise UserError("give texts as arguments or --file")
     if args.mme:  # a SageMaker multi-model endpoint (local `tritonpack mme` or real) through boto3
@@ -228,7 +239,8 @@ def cmd_infer(args) -> int:
 
         with aws_errors(f"invoke {args.target_model}"):
             vectors = embed_texts(texts, args.target_model, fmt=args.format, endpoint_name=args.endpoint_name,
-                                  endpoint_url=None if args.mme == "aws" else args.mme)
+                                  endpoint_url=None if args.mme == "aws" else args.mme,
+                                  **({"io": IoNames.parse(args.io_names)} if args.io_names else {}))
         args.model = args.target_model
     else:
         vectors = served_embeddings(args.url, args.model, texts)
@@ -316,6 +328,9 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--endpoint-name", default="local", help="with --mme: the endpoint (default local)")
     i.add_argument("--format", choices=("json", "binary"), default="binary",
                    help="with --mme: request body format (default binary+json)")
+    i.add_argument("--io-names", metavar="INPUT:OUTPUT",
+                   help="with --mme: the tarball's public tensor names if it was built with --io-names (default "
+                        "TEXT:EMBEDDING; without --mme they are read from the server)")
     i.set_defaults(func=cmd_infer)
 
     n = sub.add_parser("bench", help="served bert side by side with its peers, memory, cold start → dist/bench/",

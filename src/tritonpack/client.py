@@ -42,15 +42,24 @@ def embed(url: str, model: str, texts: Sequence[str | bytes], client=None,
 
 
 def served_embeddings(url: str, model: str, texts: Sequence[str | bytes]) -> np.ndarray:
-    """`embed` for the command line: a server that cannot be reached, or that answers an error, is one line."""
+    """`embed` for the command line, with the model's own tensor names (an ensemble built with `--io-names`), in
+    requests of at most its max_batch_size texts; a server that cannot be reached, or that answers an error, is one
+    line."""
     from http.client import HTTPException
 
+    import tritonclient.http as http
     from tritonclient.utils import InferenceServerException
 
     address = http_address(url)
     quiet_interrupts()
     try:
-        return embed(address, model, texts)
+        client = http.InferenceServerClient(address)
+        try:
+            io, batch = text_contract(client, model, address)
+            return np.concatenate([embed(address, model, texts[start:start + batch], client, io)
+                                   for start in range(0, len(texts), batch)])
+        finally:
+            client.close()
     except TimeoutError:  # an OSError too, but something listens there: it did not answer in time
         raise TritonpackError(f"{address} did not answer within 60 s (tritonclient's timeout): a server still "
                               f"loading, or not Triton's HTTP port") from None
@@ -62,6 +71,30 @@ def served_embeddings(url: str, model: str, texts: Sequence[str | bytes]) -> np.
     except (HTTPException, ValueError):  # not HTTP (geventhttpclient's HTTPParseError), or not JSON (rapidjson's)
         raise UserError(f"{address} did not answer as Triton's HTTP endpoint (is it the gRPC port, 8001?): pass "
                         f"the HTTP port as --url, e.g. 127.0.0.1:8000") from None
+
+
+def text_contract(client, model: str, address: str) -> tuple[contracts.IoNames, int]:
+    """The served model's text input and embedding output, and how many texts one request may hold; a model that is
+    not served, or does not take text, is one line saying what is served or what it takes."""
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        metadata = client.get_model_metadata(model)
+    except InferenceServerException as e:
+        if "unknown model" not in (e.message() or ""):
+            raise
+        served = sorted({m["name"] for m in client.get_model_repository_index() if m.get("state") == "READY"})
+        raise UserError(f"{model!r} is not served at {address} (served: {', '.join(served) or 'none'}): pass "
+                        f"--model NAME") from None
+    texts = [t["name"] for t in metadata["inputs"] if t["datatype"] == "BYTES"]
+    vectors = [t["name"] for t in metadata["outputs"] if t["datatype"] == "FP32"]
+    if len(metadata["inputs"]) != 1 or not texts or not vectors:
+        takes = ", ".join(f"{t['name']} ({t['datatype']})" for t in metadata["inputs"])
+        raise UserError(f"{model!r} at {address} takes {takes}, not one text input: `infer` sends text to an "
+                        f"embedding ensemble (e.g. `make ensemble NAME=bert`)")
+    output = contracts.TEXT.output if contracts.TEXT.output in vectors else vectors[0]
+    max_batch_size = client.get_model_config(model).get("max_batch_size", 0)
+    return contracts.IoNames(texts[0], output), max_batch_size or 2**31  # 0: no batching, one request
 
 
 def quiet_interrupts() -> None:

@@ -79,7 +79,8 @@ def invoke(payload: Payload, target: str, endpoint_name: str = "local", endpoint
     return response["Body"].read(), response["ContentType"]
 
 
-def embed_texts(texts: Sequence[str], target: str, fmt: str = "binary", **invoke_options) -> np.ndarray:
-    """Texts → EMBEDDING rows from `target` on a (local or real) SageMaker multi-model endpoint."""
-    body, content_type = invoke(text_payload(texts, fmt), target, **invoke_options)
-    return embeddings(body, content_type)
+def embed_texts(texts: Sequence[str], target: str, fmt: str = "binary", io: contracts.IoNames = contracts.TEXT,
+                **invoke_options) -> np.ndarray:
+    """Texts → embedding rows from `target` on a (local or real) SageMaker multi-model endpoint."""
+    body, content_type = invoke(text_payload(texts, fmt, io), target, **invoke_options)
+    return embeddings(body, content_type, io.output)
