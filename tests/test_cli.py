@@ -245,10 +245,28 @@ def test_cli_build_smoke_names_the_serving_command_when_the_local_triton_lacks_t
     tarball, served = shlex.quote(str(served.with_suffix(".tar.gz"))), shlex.quote(str(served))
     assert result.stdout.splitlines()[-1] == (
         f"{repository} needs Triton's onnxruntime_onnx backend, which the local Triton (python backend only) lacks; "
-        f"serve it with: mkdir -p {served} && tar -xzf {tarball} -C {served} && docker run "
+        f"serve it with: rm -rf {served} && mkdir {served} && tar -xzf {tarball} -C {served} && docker run "
         f"--rm -p8000:8000 -v {served}:/models nvcr.io/nvidia/tritonserver:24.09-py3 tritonserver "
         f"--model-repository=/models")  # the tarball: its environment has what the container's Python lacks
     assert (dist / ".bert.target").read_text() == "cpu\n"
+
+
+def test_docker_command_extracts_into_a_fresh_folder_when_an_earlier_build_was_extracted_there(tmp_path):
+    """`mkdir -p` then `tar -x` over an earlier extraction kept the earlier build's steps (other digest names),
+    which Triton then loaded beside the new ones."""
+    import tarfile
+
+    from tritonpack.containers import docker_command
+
+    repository = tmp_path / "bert-cpu"
+    for step in ("bert_tokenizer_old", "bert_tokenizer_new"):
+        (tmp_path / step).mkdir()
+        (tmp_path / step / "config.pbtxt").write_text(f'name: "{step}"\n')
+        with tarfile.open(f"{repository}.tar.gz", "w:gz") as tar:
+            tar.add(tmp_path / step, arcname=step)
+        extract = docker_command(repository, "cpu").split(" && docker run ")[0]
+        subprocess.run(["bash", "-c", extract], check=True)
+    assert [p.name for p in (tmp_path / "bert-cpu.triton").iterdir()] == ["bert_tokenizer_new"]
 
 
 @pytest.mark.parametrize(("recorded", "given", "expected"), [("gpu", "", "zzz-gpu"), ("gpu", "cpu", "zzz-cpu"),

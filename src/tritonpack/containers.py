@@ -121,7 +121,8 @@ def docker_command(repository: Path, target: str, container: str = DEFAULT_CONTA
     tarball = shlex.quote(str(repository.with_name(f"{repository.name}.tar.gz")))
     served = shlex.quote(str(repository.with_name(f"{repository.name}.triton")))
     gpus = "--gpus all " if target == "gpu" else ""
-    return (f"mkdir -p {served} && tar -xzf {tarball} -C {served} && docker run --rm {gpus}-p8000:8000 "
+    # a fresh folder: extracted over an earlier build, its steps of other names would stay and load too
+    return (f"rm -rf {served} && mkdir {served} && tar -xzf {tarball} -C {served} && docker run --rm {gpus}-p8000:8000 "
             f"-v {served}:/models nvcr.io/nvidia/tritonserver:{container}-py3 tritonserver --model-repository=/models")
 
 
