@@ -125,17 +125,17 @@ def _number(path: Path, key: str) -> int:
     return value
 
 
-WEIGHTS_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                 "pytorch_model.bin.index.json")
+WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")  # or either sharded, named by its index
+WEIGHTS_INDEXES = tuple(f"{name}.index.json" for name in WEIGHTS_FILES)
 GIT_LFS_POINTER = b"version https://git-lfs"
 
 
 def weights_problem(folder: Path) -> str | None:
     """Why transformers cannot read weights from `folder` (none there, or a git-lfs pointer left by a clone without
     git-lfs: transformers raised a traceback for either), or None."""
-    present = [folder / name for name in WEIGHTS_FILES if (folder / name).is_file()]
+    present = [folder / name for name in WEIGHTS_FILES + WEIGHTS_INDEXES if (folder / name).is_file()]
     if not present:
-        return f"{folder}: no weights file ({', '.join(WEIGHTS_FILES[::2])})"
+        return f"{folder}: no weights file ({', '.join(WEIGHTS_FILES)})"
     with open(present[0], "rb") as weights:
         if weights.read(len(GIT_LFS_POINTER)) == GIT_LFS_POINTER:
             return f"{present[0]}: a git-lfs pointer, not the weights: run `git lfs pull` in {folder}"

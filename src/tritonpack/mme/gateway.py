@@ -274,7 +274,7 @@ class Gateway:
                                                       "x-Amzn-Invoked-Production-Variant": "AllTraffic"})
 
     async def _call(self, target: str | None, body: bytes, content_type: str | None) -> Reply:
-        await self._threads.acquire(target, loaded=target in self.manager.loaded_targets())
+        await self._threads.acquire(target, loaded=self.manager.loaded(target))
         try:
             work = asyncio.wrap_future(self._invokers.submit(self._invoke, target, body, content_type))
         except BaseException:
@@ -286,7 +286,7 @@ class Gateway:
 
     def _timed_out(self, target: str | None) -> web.Response:
         """SageMaker's answers to an invocation still running at `invocation_s`."""
-        if target in self.manager.loaded_targets():
+        if self.manager.loaded(target):
             return error_response("ModelError", f"Received server error (0) from model {target!r} with message "
                                                 f"\"no answer within {self.invocation_s:g} s, SageMaker's limit on an "
                                                 f"invocation\"", 424)

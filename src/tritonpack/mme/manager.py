@@ -271,9 +271,12 @@ class ModelManager:
     def loaded_targets(self) -> list[str]:
         return self.slots.loaded_targets()
 
+    def loaded(self, target: str) -> bool:
+        return self.slots.phase(target) is Phase.LOADED
+
     def loading(self, target: str) -> bool:
         """Whether a load of `target` is in Triton now (a call waiting for a slot or an unload is not loading)."""
-        return self.slots.loading(target)
+        return self.slots.phase(target) is Phase.LOADING
 
     def ready(self) -> bool:
         """For /ping: tritonserver is up and answering, not in the middle of a (re)start, and the gateway is not

@@ -212,10 +212,11 @@ class SlotTable:
         with self._cond:
             return [t for t, s in self._slots.items() if s.phase is Phase.LOADED]
 
-    def loading(self, target: str) -> bool:
+    def phase(self, target: str) -> Phase | None:
+        """Where `target`'s slot stands; None when it has none."""
         with self._cond:
             slot = self._slots.get(target)
-            return slot is not None and slot.phase is Phase.LOADING
+            return slot.phase if slot is not None else None
 
     def snapshot(self) -> list[Slot]:
         """Copies of the slots, least recently used first (for tests and diagnostics)."""
