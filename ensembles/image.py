@@ -37,8 +37,9 @@ class ImageServing:
     max_image_pixels: int = MAX_IMAGE_PIXELS
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.dali_threads < 1 or self.classifier_instances < 1:
-            raise SpecError(f"ImageServing: batch size, threads and instances must be positive, got {self}")
+        for setting in ("max_batch_size", "dali_threads", "classifier_instances"):
+            if getattr(self, setting) < 1:
+                raise SpecError(f"ImageServing: {setting} must be at least 1, got {getattr(self, setting)}")
         if self.max_image_pixels < 0:
             raise SpecError(f"ImageServing: max_image_pixels must be >= 0 (0: no limit), got {self.max_image_pixels}")
 

@@ -57,8 +57,9 @@ class TextServing:
     encoder_tokenizes: bool = False
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.max_text_bytes < 1:
-            raise SpecError(f"TextServing: max_batch_size and max_text_bytes must be positive, got {self}")
+        for setting in ("max_batch_size", "max_text_bytes"):
+            if getattr(self, setting) < 1:
+                raise SpecError(f"TextServing: {setting} must be at least 1, got {getattr(self, setting)}")
         if min(self.tokenizer_instances, self.pooling_instances, self.encoder_instances) < 1:
             raise SpecError(f"TextServing: tokenizer_instances, pooling_instances and encoder_instances must be at "
                             f"least 1, got {self.tokenizer_instances}, {self.pooling_instances}, "
@@ -74,7 +75,8 @@ class TextServing:
             raise SpecError(f"TextServing: encoder_runtime must be one of {', '.join(ENCODER_RUNTIMES)}, "
                             f"got {self.encoder_runtime!r}")
         if self.encoder_pack_tokens < 0:
-            raise SpecError(f"TextServing: encoder_pack_tokens must be 0 (no packing) or positive, got {self}")
+            raise SpecError(f"TextServing: encoder_pack_tokens must be 0 (no packing) or positive, got "
+                            f"{self.encoder_pack_tokens}")
         if self.encoder_pooling and not self.encoder_pack_tokens:
             raise SpecError("TextServing: encoder_pooling needs encoder_pack_tokens > 0 (the packed export pools)")
         if self.encoder_precision not in ENCODER_PRECISIONS:  # fp16 raised a KeyError deep in the encoder's check

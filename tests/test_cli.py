@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import signal
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.small_disk import small_disk
-from tritonpack.cli import main
+from tritonpack.cli import DEMO_TEXTS, main
 from tritonpack.ensembles.text import TextServing
 
 TEXT_SERVING_FIELDS = list(TextServing.__dataclass_fields__)
@@ -104,6 +105,13 @@ MISTAKES = {  # argv → what the one line says; each used to end in a traceback
                             "encoder_instances must be at least 1, got 1, 1, 0"),
     "negative threads": (["build", "bert", "--target", "portable", "--serving", "encoder_threads=-1"],
                          "cannot be negative, got -1, "),
+    # the whole settings object was printed after these
+    "no batch": (["build", "bert", "--target", "portable", "--serving", "max_batch_size=0"],
+                 "error: TextServing: max_batch_size must be at least 1, got 0"),
+    "negative packing": (["build", "bert", "--target", "portable", "--serving", "encoder_pack_tokens=-1"],
+                         "error: TextServing: encoder_pack_tokens must be 0 (no packing) or positive, got -1"),
+    "no image batch": (["build", "resnet_pt", "--target", "portable", "--serving", "max_batch_size=0"],
+                       "error: ImageServing: max_batch_size must be at least 1, got 0"),
     "model folder missing": (["build", "bert", "--target", "portable", "--model", "{tmp}/missing"],
                              "error: --model {tmp}/missing: not a folder"),
     "hub id offline": (["build", "bert", "--target", "portable", "--model", "no-such-org/no-such-model"],
@@ -299,6 +307,137 @@ def test_cli_build_says_in_one_line_when_the_disk_is_full_and_leaves_nothing_par
     assert left == ["cache"]
 
 
+@contextlib.contextmanager
+def read_only(path: Path):
+    """`path` as a read-only bind mount of itself: writes under it fail with EROFS, for root too (chmod does not
+    stop root; mounting needs root, which CI has)."""
+    for options in (["--bind"], ["-o", "remount,bind,ro"]):
+        done = subprocess.run(["mount", *options, str(path), str(path)], capture_output=True, text=True)
+        if done.returncode:
+            unmount(path)
+            pytest.fail(f"this test mounts a folder read-only and needs root: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        unmount(path)
+
+
+def unmount(path: Path) -> None:
+    subprocess.run(["umount", "--lazy", str(path)], capture_output=True, check=False)
+
+
+def refuse_mkdir_under(monkeypatch, folder: Path) -> None:
+    """What a user who may not write `folder` gets (root may): os.mkdir under it raises EACCES."""
+    import errno
+    import os
+
+    mkdir = os.mkdir
+
+    def refused(path, *args, **kwargs):
+        if Path(path).absolute().is_relative_to(folder):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", refused)
+
+
+@pytest.mark.parametrize(("refusal", "reason"), [("read-only mount", "read-only file system"),
+                                                 ("no permission", "permission denied")])
+def test_cli_build_says_in_one_line_that_it_cannot_write_the_dist_folder_and_keeps_what_was_there(
+        refusal, reason, tmp_path, monkeypatch, capsys):
+    """A read-only dist/ ended in a traceback (EROFS) or a bare staging path (EACCES)."""
+    dist = tmp_path / "dist"
+    (dist / "bert-portable" / "bert").mkdir(parents=True)
+    (dist / "bert-portable" / "bert" / "config.pbtxt").write_text('name: "bert"\n')
+    argv = ["build", "bert", "--target", "portable", "--dist", str(dist)]
+    if refusal == "read-only mount":
+        with read_only(dist):
+            assert main(argv) == 2
+    else:
+        refuse_mkdir_under(monkeypatch, dist)
+        assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: cannot write {dist}: {reason}; make it writable, or write elsewhere with --dist FOLDER"]
+    assert [str(p.relative_to(dist)) for p in sorted(dist.rglob("*"))] == [
+        "bert-portable", "bert-portable/bert", "bert-portable/bert/config.pbtxt"]
+
+
+def test_replace_folder_leaves_the_new_folder_whole_when_the_old_one_cannot_all_be_removed(tmp_path):
+    """rmtree of the old repository stopped at a part it could not remove (a read-only mount here; another user's
+    files for a user): the old repository was left half-deleted and the new one not moved in."""
+    from tritonpack.errors import UserError
+    from tritonpack.repository import replace_folder
+
+    old, new = tmp_path / "bert-portable", tmp_path / ".staging"
+    for folder, models in ((old, ("a", "b", "locked", "z")), (new, ("bert", "bert_encoder"))):
+        for model in models:
+            (folder / model).mkdir(parents=True)
+            (folder / model / "config.pbtxt").write_text(f'name: "{model}"\n')
+    with read_only(old / "locked"):
+        try:
+            with pytest.raises(UserError) as refused:
+                replace_folder(new, old)
+        finally:
+            for aside in tmp_path.glob(".bert-portable-replaced-*"):
+                unmount(aside / "locked")  # the mount moved with the folder set aside
+    assert sorted(p.name for p in old.iterdir()) == ["bert", "bert_encoder"] and not new.exists()
+    (aside,) = tmp_path.glob(".bert-portable-replaced-*")
+    assert str(refused.value) == (f"{old} is replaced, but its previous contents, moved to {aside}, could not all be "
+                                  f"removed (read-only file system): remove that folder as a user who may, then run "
+                                  f"the command again")
+
+
+def test_replace_folder_puts_the_old_folder_back_when_the_new_one_cannot_be_moved_in(tmp_path, monkeypatch):
+    from tritonpack.repository import replace_folder
+
+    old, new = tmp_path / "bert-portable", tmp_path / ".staging"
+    for folder in (old, new):
+        (folder / "bert").mkdir(parents=True)
+    rename = Path.rename
+
+    def refused(self, target):
+        if self == new:
+            raise PermissionError(13, "Permission denied", str(self))
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", refused)
+    with pytest.raises(PermissionError):
+        replace_folder(new, old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".staging", "bert-portable"] and (old / "bert").is_dir()
+
+
+CHOSEN = "TARGET=portable (a CUDA GPU and TensorRT not found; set TARGET=cpu|gpu to choose)"
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--io-names", "bad"], "error: --io-names 'bad': expected INPUT:OUTPUT, e.g. INPUT0:OUTPUT0"),
+    (["--serving", "no_such_setting=1"], "error: unknown serving setting 'no_such_setting'; one of "),
+])
+def test_cli_build_says_only_the_error_when_it_is_not_about_the_target_it_chose(argv, said, tmp_path, monkeypatch,
+                                                                                capsys):
+    """`make build NAME=bert IO_NAMES=bad` printed "set TARGET=cpu|gpu to choose" above an error about --io-names."""
+    from tritonpack import builder
+
+    monkeypatch.setattr(builder, "default_target", lambda: ("portable", CHOSEN))
+    assert main(["build", "bert", *argv, "--dist", str(tmp_path / "dist")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(said)
+
+
+def test_cli_build_says_why_it_chose_the_target_when_the_error_is_about_that_target(tmp_path, monkeypatch, capsys):
+    from tritonpack import builder
+    from tritonpack.errors import ToolUnavailable
+
+    def unavailable(*_):
+        raise ToolUnavailable("DALI is not installed")
+
+    monkeypatch.setattr(builder, "default_target", lambda: ("portable", CHOSEN))
+    monkeypatch.setattr(builder, "assemble", unavailable)
+    assert main(["build", "bert", "--dist", str(tmp_path / "dist")]) == 2
+    assert capsys.readouterr().err.splitlines() == [CHOSEN, "error: DALI is not installed; build bert for gpu or cpu "
+                                                            "instead (make ensemble NAME=bert TARGET=cpu)"]
+
+
 def test_write_tarball_leaves_no_partial_file_when_the_disk_fills(tmp_path, build_ensemble):
     from tritonpack.repository import write_tarball
 
@@ -335,18 +474,36 @@ def test_cli_infer_says_the_server_did_not_answer_in_time_when_tritonclient_time
                                                "timeout): a server still loading, or not Triton's HTTP port")
 
 
-def test_cli_serve_refuses_in_one_line_a_repository_whose_path_the_python_backend_cannot_start_stubs_from(tmp_path):
-    """The stub is started through a shell with the model's path unquoted: from a folder with a space tritonserver
-    waited 3 minutes for a stub that had crashed, then named its log."""
+@pytest.mark.server
+def test_cli_serve_answers_from_a_copy_when_the_repository_path_holds_a_space(tmp_path):
+    """The python backend starts each stub through a shell with the model's path unquoted: `make ensemble` in a
+    checkout whose path held a space built, then refused to serve."""
     from tests.mme_support import python_model_repository
 
     repository = python_model_repository(tmp_path / "my models", "m")
-    started = time.monotonic()
-    result = run_cli("serve", str(repository))
-    assert result.returncode == 2 and time.monotonic() - started < 30, result.stderr
-    assert result.stderr.strip() == (f"error: {repository}: its path holds ' ', which Triton's python backend passes "
-                                     f"unquoted to a shell when it starts a model's stub (the stub fails and the "
-                                     f"model never loads): use a path without them, e.g. `cp -r` it elsewhere")
+    result = run_cli("serve", str(repository), "--smoke")
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    said = result.stdout.splitlines()
+    assert said[0].startswith("serving a copy in ") and said[0].endswith(
+        f": Triton's python backend cannot start a stub from {repository} (a space or a shell character in its path)")
+    copy = Path(said[0].removeprefix("serving a copy in ").partition(": ")[0])
+    assert " " not in str(copy) and not copy.exists()  # removed once served
+    assert f"m: {DEMO_TEXTS[0]!r} → EMBEDDING (4,)" in result.stdout
+
+
+def test_cli_serve_refuses_in_one_line_when_the_temporary_folder_holds_a_space_too(tmp_path, monkeypatch, capsys):
+    import tempfile
+
+    from tests.mme_support import python_model_repository
+
+    repository = python_model_repository(tmp_path / "my models", "m")
+    (tmp_path / "my tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "my tmp"))
+    assert main(["serve", str(repository)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {repository}: its path holds ' ', which Triton's python backend passes unquoted")
+    assert line.endswith("holds them too: set TMPDIR to a folder without them") and f"{tmp_path}/my tmp/" in line
+    assert list((tmp_path / "my tmp").iterdir()) == []
 
 
 def test_docker_command_names_the_container_the_repository_was_built_for(tmp_path):

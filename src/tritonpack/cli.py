@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import itertools
 import json
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -17,7 +20,7 @@ from pathlib import Path
 from tritonpack.aws import endpoint_url
 from tritonpack.containers import DEFAULT_CONTAINER
 from tritonpack.contracts import IoNames
-from tritonpack.errors import ServerError, TritonpackError, UserError, disk_full
+from tritonpack.errors import ServerError, ToolUnavailable, TritonpackError, UserError, disk_full
 
 # Modules that add their own subcommand with `add_command(subparsers)`.
 COMMAND_MODULES: tuple[str, ...] = ("tritonpack.mme", "tritonpack.check", "tritonpack.env", "tritonpack.aws")
@@ -31,17 +34,23 @@ def cmd_build(args) -> int:
     malformed = [kv for kv in args.serving or () if "=" not in kv]
     if malformed:
         raise UserError(f"--serving {malformed[0]!r}: write KEY=VALUE, e.g. --serving dynamic_batching=false")
-    target = args.target
+    target, chosen = args.target, None
     if not target:
-        target, reason = default_target()
-        print(reason, file=sys.stderr)
+        target, chosen = default_target()
     serving = tuple(tuple(kv.split("=", 1)) for kv in args.serving or ())
     io_names = IoNames.parse(args.io_names) if args.io_names else None
     plans = tuple(tuple(p.split("=", 1)) if "=" in p else ("", p) for p in args.plan or ())
-    result = build(BuildRequest(args.name, target, model=args.model, weights=args.weights, fp16=args.fp16,
-                                model_format=args.model_format, env=args.env, container=args.container,
-                                env_python=args.env_python,
-                                io_names=io_names, plans=plans, dist=Path(args.dist), serving=serving))
+    try:
+        result = build(BuildRequest(args.name, target, model=args.model, weights=args.weights, fp16=args.fp16,
+                                    model_format=args.model_format, env=args.env, container=args.container,
+                                    env_python=args.env_python,
+                                    io_names=io_names, plans=plans, dist=Path(args.dist), serving=serving))
+    except ToolUnavailable:  # the chosen target needs it: say why that target was chosen; other errors stand alone
+        if chosen:
+            print(chosen, file=sys.stderr)
+        raise
+    if chosen:
+        print(chosen, file=sys.stderr)
     (Path(args.dist) / f".{args.name}.target").write_text(target + "\n")  # what `make serve/check/mme` use
     print(f"repository: {result.repository}\ntarball:    {result.tarball}", flush=True)
     report = check(result.tarball, deep=True)
@@ -103,7 +112,7 @@ def build_hint(repository: Path) -> str:
 
 
 def cmd_serve(args) -> int:
-    from tritonpack.server import PortInUse, TritonServer, native_backends, stub_path_problem
+    from tritonpack.server import native_backends
 
     asked = [(option, port) for option in ("http_port", "grpc_port", "metrics_port") if (port := getattr(args, option))]
     for (first, port), (second, other) in itertools.combinations(asked, 2):
@@ -125,10 +134,35 @@ def cmd_serve(args) -> int:
               f"local Triton (python backend only) lacks; serve it with: "
               f"{docker_command(repository, 'gpu' if gpu else 'cpu', built_for(repository))}", flush=True)
         return 0
-    if problem := stub_path_problem(repository):
-        raise UserError(f"{repository}: {problem}, e.g. `cp -r` it elsewhere")
+    with startable_by_the_python_backend(repository) as startable:
+        return serve(args, startable)
 
-    server = TritonServer(Path(args.repository), http_port=args.http_port, grpc_port=args.grpc_port,
+
+@contextmanager
+def startable_by_the_python_backend(repository: Path):
+    """`repository`, or where its path holds characters Triton's python backend cannot start a stub from (it passes
+    the model's path unquoted to a shell), a copy of it in a temporary folder, removed afterwards."""
+    from tritonpack.server import stub_path_problem
+
+    problem = stub_path_problem(repository)
+    if problem is None:
+        yield repository
+        return
+    with tempfile.TemporaryDirectory(prefix="tritonpack-serve-") as folder:
+        if stub_path_problem(Path(folder)):
+            raise UserError(f"{repository}: {problem}; `serve` would serve a copy from the temporary folder, but "
+                            f"{folder} holds them too: set TMPDIR to a folder without them")
+        copy = Path(shutil.copytree(repository, Path(folder) / "repository"))
+        print(f"serving a copy in {copy}: Triton's python backend cannot start a stub from {repository.resolve()} "
+              f"(a space or a shell character in its path)", flush=True)
+        yield copy
+
+
+def serve(args: argparse.Namespace, repository: Path) -> int:
+    """Serve `repository` in the bundled tritonserver until a stop signal (or one demo request with `--smoke`)."""
+    from tritonpack.server import PortInUse, TritonServer
+
+    server = TritonServer(repository, http_port=args.http_port, grpc_port=args.grpc_port,
                           metrics_port=args.metrics_port, keep_log=True)
     print(f"starting tritonserver on http://{server.url} (grpc {server.grpc_port}, metrics {server.metrics_port}); "
           f"log: {server.log_path}", flush=True)
@@ -136,7 +170,7 @@ def cmd_serve(args) -> int:
         with stopped_by_signals(), server:
             print("ready", flush=True)
             if args.smoke:
-                demo_request(server.url, Path(args.repository))
+                demo_request(server.url, repository)
                 return 0
             wait_for_stop(lambda: server.process.poll() is None)
             if server.process.returncode is not None:
@@ -361,21 +395,43 @@ def run_command(args: argparse.Namespace) -> int:
     except TritonpackError as e:  # an operation that failed; its message names the log
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as e:
-        if e.filename is None:
-            raise
-        print(f"error: {e.filename}: {e.strerror}", file=sys.stderr)  # a path given that is not there or not ours
-        return 2
     except OSError as e:
-        if not disk_full(e):
+        said = environment_limit(e, args)
+        if said is None:
             raise
-        written = e.filename2 or e.filename  # shutil's copies name the source first, the destination second
-        where = Path(written or getattr(args, "dist", None) or Path.cwd()).absolute()
-        while not where.exists() and where != where.parent:  # the staging folder it was in has been removed
-            where = where.parent
-        print(f"error: no space left on the device of {where} (nothing partial was kept): free space there "
-              f"(`make clean` removes dist/) and run the command again", file=sys.stderr)
+        print(f"error: {said}", file=sys.stderr)
         return 2  # a limit of the environment, as a UserError
+
+
+OUTPUT_OPTIONS = {"dist": "--dist", "out": "--out"}  # a command's option naming the folder it writes, by its dest
+
+
+def environment_limit(e: OSError, args: argparse.Namespace) -> str | None:
+    """The one line for an OSError that is no bug: a full disk, a folder this user may not write (or on a read-only
+    file system), a path given that is not there or not theirs; None for any other."""
+    written = e.filename2 or e.filename  # shutil's copies and os.rename name the source first, the destination second
+    option, output = next(((option, Path(getattr(args, dest))) for dest, option in OUTPUT_OPTIONS.items()
+                           if getattr(args, dest, None)), (None, None))
+    if disk_full(e):
+        return (f"no space left on the device of {existing_above(written or output or Path.cwd())} (nothing partial "
+                f"was kept): free space there (`make clean` removes dist/) and run the command again")
+    if written is None:
+        return None
+    in_output = output is not None and Path(written).absolute().is_relative_to(output.absolute())
+    if e.errno == errno.EROFS or isinstance(e, PermissionError) and in_output:
+        elsewhere = f", or write elsewhere with {option} FOLDER" if output else ""
+        return f"cannot write {existing_above(written)}: {e.strerror.lower()}; make it writable{elsewhere}"
+    if isinstance(e, (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)):
+        return f"{e.filename}: {e.strerror}"  # a path given that is not there or not ours
+    return None
+
+
+def existing_above(path) -> Path:
+    """`path`, or the nearest folder above it that exists (the staging folder an error names may be gone)."""
+    where = Path(path).absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    return where
 
 
 if __name__ == "__main__":

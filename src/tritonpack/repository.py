@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import tarfile
 import tempfile
@@ -14,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tritonpack.components import ModelFolder
+from tritonpack.errors import UserError
 
 MANIFEST = "manifest.json"
 STEP_DIGEST_HEX = 12  # of the build's SHA-256, in the MME tarball's step names
@@ -56,10 +58,25 @@ def write_repository(folders: Iterable[ModelFolder], out_dir: Path, manifest: Ma
 
 
 def replace_folder(source: Path, target: Path) -> Path:
-    """Put folder `source` at `target` (same file system), removing what was there."""
-    if target.exists():
-        shutil.rmtree(target)
-    Path(source).rename(target)
+    """Put folder `source` at `target` (same file system). What was there is renamed aside and removed only once
+    `source` is in place, so `target` is always whole, old or new, even where the old one cannot be removed (another
+    user's files, a read-only mount inside it)."""
+    source, target = Path(source), Path(target)
+    if not target.exists():
+        return source.rename(target)
+    replaced = target.with_name(f".{target.name}-replaced-{secrets.token_hex(4)}")
+    target.rename(replaced)
+    try:
+        source.rename(target)
+    except BaseException:
+        replaced.rename(target)
+        raise
+    try:
+        shutil.rmtree(replaced)
+    except OSError as e:
+        raise UserError(f"{target} is replaced, but its previous contents, moved to {replaced}, could not all be "
+                        f"removed ({e.strerror.lower()}): remove that folder as a user who may, then run the command "
+                        f"again") from None
     return target
 
 
