@@ -141,6 +141,16 @@ FROZENSET_MODULE = 'def known(x):\n    return x in {"alpha", "beta", "gamma", "d
 HASH_ORDERED_PYTHON = "3.10"
 
 
+def test_packing_without_a_local_python_of_the_containers_version_says_the_three_ways_out(tmp_path, monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(Path, "home", lambda: tmp_path)  # no pyenv versions there
+    with pytest.raises(EnvError) as refused:
+        local_python("3.9")
+    said = str(refused.value)
+    assert said.startswith("venv-pack needs a local python3.9 to build a Python 3.9 env: install it")
+    assert "`pyenv install 3.9`" in said and "use conda" in said and "--no-env; make: NO_ENV=1" in said
+
+
 def pyc_bytes_of_two_compiles(tmp_path: Path, monkeypatch, compile_module) -> list:
     """`compile_module(folder, source) -> pyc path` run twice, each in a fresh interpreter: the two .pyc files' bytes.
     Without a local Python 3.10, what the compile was given instead, and what it must be: the string hash seed."""

@@ -224,8 +224,9 @@ def local_python(python: str) -> str:
     for found in filter(None, candidates):  # a pyenv shim is on PATH even when its version is not selected
         if subprocess.run([found, "-c", "pass"], capture_output=True).returncode == 0:
             return found
-    raise EnvError(f"venv-pack needs a local python{python} to build a Python {python} env; install it, "
-                   f"or use conda (conda-pack builds any Python)")
+    raise EnvError(f"venv-pack needs a local python{python} to build a Python {python} env: install it (e.g. "
+                   f"`pyenv install {python}`), or use conda (conda-pack builds any Python), or build without the "
+                   f"environment (--no-env; make: NO_ENV=1) for an image that has it")
 
 
 def _venv_env(spec: EnvSpec, python: str, prefix: Path) -> None:
