@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tritonpack.aws import endpoint_url
 from tritonpack.containers import DEFAULT_CONTAINER
-from tritonpack.contracts import IoNames
+from tritonpack.contracts import TEXT, IoNames
 from tritonpack.errors import ServerError, ToolUnavailable, TritonpackError, UserError, disk_full
 
 # Modules that add their own subcommand with `add_command(subparsers)`.
@@ -274,7 +274,7 @@ def cmd_infer(args) -> int:
         with aws_errors(f"invoke {args.target_model}"):
             vectors = embed_texts(texts, args.target_model, fmt=args.format, endpoint_name=args.endpoint_name,
                                   endpoint_url=None if args.mme == "aws" else args.mme,
-                                  **({"io": IoNames.parse(args.io_names)} if args.io_names else {}))
+                                  io=IoNames.parse(args.io_names) if args.io_names else TEXT)
         args.model = args.target_model
     else:
         vectors = served_embeddings(args.url, args.model, texts)
