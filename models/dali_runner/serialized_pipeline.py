@@ -1,7 +1,8 @@
 """Run a serialized DALI pipeline (`model.dali`) on the CPU, as Triton's DALI backend would with KIND_CPU.
 
-Imports numpy and DALI only. A DALI pipeline is unusable after an operator fails (e.g. an undecodable image),
-so a failed run rebuilds it from the serialized bytes before reporting the failure.
+Imports numpy and DALI only. The pipeline runs on DALI's dynamic executor, which stays usable after an operator
+fails (an undecodable image): the classic executors leave the pipeline invalid, and rebuilding it after every failure
+left 60-170 MB more in a served stub after 150 undecodable requests (docs/performance.md, thirty-third round).
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ class SerializedPipeline:
     def _build(self):
         from nvidia.dali import Pipeline
 
-        # Synchronous and without prefetching: one feed_input, one run, one output batch.
+        # Without prefetching: one feed_input, one run, one output batch.
         pipe = Pipeline.deserialize(serialized_pipeline=self.serialized, batch_size=self.max_batch_size,
                                     num_threads=self.num_threads, device_id=None, prefetch_queue_depth=1,
-                                    exec_async=False, exec_pipelined=False)
+                                    exec_dynamic=True)
         pipe.build()
         return pipe
 
@@ -55,7 +56,6 @@ class SerializedPipeline:
             self._pipe.feed_input(self.input_name, [np.ascontiguousarray(s, dtype=np.uint8) for s in samples])
             result = self._pipe.run()[0]
         except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError subclasses with multi-line text
-            self._pipe = self._build()
             raise PipelineRunFailed(_reason(e)) from None
         return [np.array(result[i]) for i in range(len(samples))]
 
