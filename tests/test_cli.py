@@ -342,15 +342,21 @@ def refuse_mkdir_under(monkeypatch, folder: Path) -> None:
 
 
 @pytest.mark.parametrize(("refusal", "reason"), [("read-only mount", "read-only file system"),
+                                                 ("read-only mount, cache elsewhere", "read-only file system"),
                                                  ("no permission", "permission denied")])
 def test_cli_build_says_in_one_line_that_it_cannot_write_the_dist_folder_and_keeps_what_was_there(
         refusal, reason, tmp_path, monkeypatch, capsys):
-    """A read-only dist/ ended in a traceback (EROFS) or a bare staging path (EACCES)."""
+    """A read-only dist/ ended in a traceback (EROFS) or a bare staging path (EACCES); with dist/cache linked to a
+    writable folder, only after the artifacts were made."""
     dist = tmp_path / "dist"
     (dist / "bert-portable" / "bert").mkdir(parents=True)
     (dist / "bert-portable" / "bert" / "config.pbtxt").write_text('name: "bert"\n')
     argv = ["build", "bert", "--target", "portable", "--dist", str(dist)]
-    if refusal == "read-only mount":
+    cache = tmp_path / "cache"
+    if refusal == "read-only mount, cache elsewhere":
+        cache.mkdir()
+        (dist / "cache").symlink_to(cache)
+    if refusal.startswith("read-only mount"):
         with read_only(dist):
             assert main(argv) == 2
     else:
@@ -358,8 +364,9 @@ def test_cli_build_says_in_one_line_that_it_cannot_write_the_dist_folder_and_kee
         assert main(argv) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"error: cannot write {dist}: {reason}; make it writable, or write elsewhere with --dist FOLDER"]
-    assert [str(p.relative_to(dist)) for p in sorted(dist.rglob("*"))] == [
+    assert [str(p.relative_to(dist)) for p in sorted(dist.rglob("*")) if p.name != "cache"] == [
         "bert-portable", "bert-portable/bert", "bert-portable/bert/config.pbtxt"]
+    assert not cache.exists() or list(cache.iterdir()) == []  # failed before making anything
 
 
 def test_replace_folder_leaves_the_new_folder_whole_when_the_old_one_cannot_all_be_removed(tmp_path):

@@ -115,6 +115,9 @@ def default_target() -> tuple[str, str]:
 def build(request: BuildRequest) -> BuildResult:
     recipe = ensembles.recipe(request.name)
     dist = Path(request.dist)
+    # an output folder we cannot write fails here, not after the artifacts are made (dist/cache may live elsewhere)
+    dist.mkdir(parents=True, exist_ok=True)
+    Path(tempfile.mkdtemp(prefix=f".{request.slug}-", dir=dist)).rmdir()
     cache = ArtifactCache(dist / "cache")
     try:
         folders = assemble(recipe, request, cache)
@@ -139,7 +142,6 @@ def build(request: BuildRequest) -> BuildResult:
     # what the target container's Python lacks, its models' bytecode (`with_bytecode`) and step names of its own
     # (`distinct_step_names`). Both are made in staging and swapped in together at the end (`publish`).
     python = request.env_python or container_python(request.container)
-    dist.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{request.slug}-", dir=dist) as staging:
         staging = Path(staging)
         local = write_repository(folders, staging / "local", {**manifest, **manifest_fields(folders, None),
