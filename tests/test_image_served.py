@@ -165,7 +165,7 @@ def test_served_ensemble_answers_400_only_for_bad_images_when_sent_concurrently_
 
 def test_served_preprocess_holds_no_more_memory_when_150_requests_carry_undecodable_images(served):
     # Rebuilding the DALI pipeline after each failed run (the classic executors leave it invalid) left the stub
-    # 60-170 MB more anonymous memory after these requests, even once idle; the dynamic executor needs no rebuild.
+    # 57-170 MB more anonymous memory after these requests, even once idle; the dynamic executor needs no rebuild.
     server = served("resnet_pt")
     stub = next(pid for pid in server.process_group_pids() if proc.process_name(pid) == "stub:resnet_pt_preprocess")
 

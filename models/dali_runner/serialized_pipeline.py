@@ -2,7 +2,7 @@
 
 Imports numpy and DALI only. The pipeline runs on DALI's dynamic executor, which stays usable after an operator
 fails (an undecodable image): the classic executors leave the pipeline invalid, and rebuilding it after every failure
-left 60-170 MB more in a served stub after 150 undecodable requests (docs/performance.md, thirty-third round).
+left 57-170 MB more in a served stub after 150 undecodable requests (docs/performance.md, thirty-third round).
 """
 
 from __future__ import annotations
