@@ -19,7 +19,7 @@ from tests.mme_support import HostileProbe, models_folder, runtime_for, timing
 from tests.reliability import hostile
 from tests.test_hostile_inputs import image_cases
 from tests.test_image_served import MAX_REL_DIFF, max_rel_diff
-from tritonpack import codec, payloads
+from tritonpack import codec, payloads, proc
 
 pytestmark = pytest.mark.server
 aws_env, local_mme = mme_support.aws_env, mme_support.local_mme
@@ -91,4 +91,18 @@ def image_probe(image_mme):
 @pytest.mark.parametrize("case", image_cases(), ids=lambda c: c.name)
 def test_local_mme_answers_4xx_and_keeps_serving_when_an_image_request_is_hostile(image_probe, case):
     # bombs, undecodable bytes and malformed bodies, including those tritonserver 2.51 itself answers with 500
+    image_probe.check(case)
+
+
+def test_local_mme_refuses_16_concurrent_requests_whose_shape_would_exhaust_tritonservers_memory(image_probe):
+    # straight to tritonserver 2.51, each makes its HTTP front-end allocate and fill the 12.9 GB the shape declares
+    # (eight at once got it killed by the out-of-memory killer on a 23 GB machine); the gateway refuses them first
+    from concurrent.futures import ThreadPoolExecutor
+
+    (case,) = [c for c in image_cases() if c.name == "dim_wraps_at_2_32"]
+    triton = image_probe.server.triton.server
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        statuses = [status for status, _ in pool.map(lambda _: image_probe.send(case.request), range(16))]
+    assert statuses == [400] * 16
+    assert proc.memory(triton.process.pid).rss < 2**20  # kB: nothing near the declared size was allocated
     image_probe.check(case)
