@@ -9,6 +9,7 @@ test of the module.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -97,8 +98,6 @@ def test_local_mme_answers_4xx_and_keeps_serving_when_an_image_request_is_hostil
 def test_local_mme_refuses_16_concurrent_requests_whose_shape_would_exhaust_tritonservers_memory(image_probe):
     # straight to tritonserver 2.51, each makes its HTTP front-end allocate and fill the 12.9 GB the shape declares
     # (eight at once got it killed by the out-of-memory killer on a 23 GB machine); the gateway refuses them first
-    from concurrent.futures import ThreadPoolExecutor
-
     (case,) = [c for c in image_cases() if c.name == "dim_wraps_at_2_32"]
     triton = image_probe.server.triton.server
     with ThreadPoolExecutor(max_workers=16) as pool:

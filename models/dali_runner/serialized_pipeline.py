@@ -19,28 +19,22 @@ class PipelineRunFailed(RuntimeError):
 
 class SerializedPipeline:
     def __init__(self, serialized: bytes, input_name: str, max_batch_size: int, num_threads: int = 1):
+        from nvidia.dali import Pipeline
+
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
-        self.serialized = serialized
         self.input_name = input_name
         self.max_batch_size = max_batch_size
-        self.num_threads = max(1, num_threads)
-        self._pipe = self._build()
+        # Without prefetching: one feed_input, one run, one output batch.
+        self._pipe = Pipeline.deserialize(serialized_pipeline=serialized, batch_size=max_batch_size,
+                                          num_threads=max(1, num_threads), device_id=None, prefetch_queue_depth=1,
+                                          exec_dynamic=True)
+        self._pipe.build()
 
     @classmethod
     def from_file(cls, path: str, **kwargs) -> SerializedPipeline:
         with open(path, "rb") as f:
             return cls(f.read(), **kwargs)
-
-    def _build(self):
-        from nvidia.dali import Pipeline
-
-        # Without prefetching: one feed_input, one run, one output batch.
-        pipe = Pipeline.deserialize(serialized_pipeline=self.serialized, batch_size=self.max_batch_size,
-                                    num_threads=self.num_threads, device_id=None, prefetch_queue_depth=1,
-                                    exec_dynamic=True)
-        pipe.build()
-        return pipe
 
     def run(self, samples: Sequence[np.ndarray], weights: Sequence[int] = (), max_weight: int = 0) -> list[np.ndarray]:
         """The pipeline's first output for each sample (1-D uint8 arrays), in order: in runs of at most

@@ -113,11 +113,16 @@ def default_target() -> tuple[str, str]:
 
 
 def build(request: BuildRequest) -> BuildResult:
-    recipe = ensembles.recipe(request.name)
     dist = Path(request.dist)
-    # an output folder we cannot write fails here, not after the artifacts are made (dist/cache may live elsewhere)
     dist.mkdir(parents=True, exist_ok=True)
-    Path(tempfile.mkdtemp(prefix=f".{request.slug}-", dir=dist)).rmdir()
+    # staging first: an output folder we cannot write fails here, not after the artifacts are made (dist/cache, where
+    # they go, may live elsewhere)
+    with tempfile.TemporaryDirectory(prefix=f".{request.slug}-", dir=dist) as staging:
+        return _build_staged(request, dist, Path(staging))
+
+
+def _build_staged(request: BuildRequest, dist: Path, staging: Path) -> BuildResult:
+    recipe = ensembles.recipe(request.name)
     cache = ArtifactCache(dist / "cache")
     try:
         folders = assemble(recipe, request, cache)
@@ -142,20 +147,18 @@ def build(request: BuildRequest) -> BuildResult:
     # what the target container's Python lacks, its models' bytecode (`with_bytecode`) and step names of its own
     # (`distinct_step_names`). Both are made in staging and swapped in together at the end (`publish`).
     python = request.env_python or container_python(request.container)
-    with tempfile.TemporaryDirectory(prefix=f".{request.slug}-", dir=dist) as staging:
-        staging = Path(staging)
-        local = write_repository(folders, staging / "local", {**manifest, **manifest_fields(folders, None),
-                                                              "local_only": True})
-        plan = attach_environment(folders, cache, python=python) if request.env else None
-        packed_folders = with_bytecode(plan.folders if plan else folders, python, staging / "bytecode")
-        top_files = plan.top_files if plan else {}
-        names = distinct_step_names(packed_folders, top_files)
-        if plan:
-            plan = replace(plan, users=[names.get(user, user) for user in plan.users])
-        packed_folders = with_step_names(packed_folders, names)
-        packed = write_repository(packed_folders, staging / request.slug,
-                                  {**manifest, **manifest_fields(packed_folders, plan)}, top_files, link=True)
-        return publish(local, write_tarball(packed, staging / f"{request.slug}.tar.gz"), dist, request.slug)
+    local = write_repository(folders, staging / "local", {**manifest, **manifest_fields(folders, None),
+                                                          "local_only": True})
+    plan = attach_environment(folders, cache, python=python) if request.env else None
+    packed_folders = with_bytecode(plan.folders if plan else folders, python, staging / "bytecode")
+    top_files = plan.top_files if plan else {}
+    names = distinct_step_names(packed_folders, top_files)
+    if plan:
+        plan = replace(plan, users=[names.get(user, user) for user in plan.users])
+    packed_folders = with_step_names(packed_folders, names)
+    packed = write_repository(packed_folders, staging / request.slug,
+                              {**manifest, **manifest_fields(packed_folders, plan)}, top_files, link=True)
+    return publish(local, write_tarball(packed, staging / f"{request.slug}.tar.gz"), dist, request.slug)
 
 
 def publish(repository: Path, tarball: Path, dist: Path, slug: str) -> BuildResult:
