@@ -417,6 +417,7 @@ def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_dri
             drifting_session.computes = {"bf16": "bf16", "bf16-long": "bf16, bf16+f32 up to 16 tokens",
                                          "mixed": "bf16+f32"}[params["precision"]]
             drifting_session.fallback = openvino.FALLBACK[params["precision"]]
+            drifting_session.reopened = lambda precision: self.open_session(path, {**params, "precision": precision})
             return drifting_session
 
     Logger.messages.clear()

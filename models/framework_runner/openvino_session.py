@@ -7,17 +7,17 @@ eighteenth round). bf16 misses it on short texts only: `bf16-long` runs calls wh
 SHORT_TOKENS tokens in bf16 (the first half, then a bf16 compile of the second) and the others as `mixed`; the
 caller says which (`shortest`) and packs short sentences apart (`short_tokens`, `short_pack_tokens`). A session
 names the precision to reopen at when its embeddings miss the floor (`fallback`): bf16 → bf16-long → mixed → fp32,
-which the runner's load-time check and the build's check follow.
+which the runner's load-time check (through `reopened`) and the build's check follow.
 
-One compiled model (two chained, for `mixed`; a third, for `bf16-long`) serves the whole process, with every CPU this
-process may run on (`os.sched_getaffinity`; `threads` > 0 takes fewer): one OpenVINO stream (and infer request) per
-CPUS_PER_STREAM CPUs, at most MAX_STREAMS, the threads shared out among them. `map` runs several inputs at once, one per
-idle request, so a runner that hands it a batch as several packs keeps every stream busy from one process. The weights
-are held once, where one process per core held them once per process (docs/performance.md: on 2 CPUs one stream of 2
-threads used 6 % less CPU per sentence than two single-threaded processes, and 13 % less than two streams, at less than
-half the memory), and in 16 bits where the file stores them so (`keep_weights_16bit`). The process maps an IR's weights
-file itself (`WeightsFile`), so that once every input shape has run (`warmed`) it can hand back the pages of the matrix
-weights, which the plugin then holds in layouts of its own.
+One compiled model (two chained, for `mixed`; a third, for `bf16-long` and a packing runner's bf16) serves the whole
+process, with every CPU this process may run on (`os.sched_getaffinity`; `threads` > 0 takes fewer): one OpenVINO stream
+(and infer request) per CPUS_PER_STREAM CPUs, at most MAX_STREAMS, the threads shared out among them. `map` runs several
+inputs at once, one per idle request, so a runner that hands it a batch as several packs keeps every stream busy from
+one process. The weights are held once, where one process per core held them once per process (docs/performance.md: on 2
+CPUs one stream of 2 threads used 6 % less CPU per sentence than two single-threaded processes, and 13 % less than two
+streams, at less than half the memory), and in 16 bits where the file stores them so (`keep_weights_16bit`). The process
+maps an IR's weights file itself (`WeightsFile`), so that once every input shape has run (`warmed`) it can hand back the
+pages of the matrix weights, which the plugin then holds in layouts of its own.
 """
 
 from __future__ import annotations
@@ -255,19 +255,21 @@ class OpenVinoSession:
             "ENABLE_CPU_PINNING": False,
         }
         core = ov.Core()
+        self._path, self._params = path, params
         self._weights = WeightsFile(str(Path(path).with_suffix(".bin"))) if path.endswith(".xml") else None
         precision = params.get("precision", "fp32")
         # only a packing runner packs short sentences apart (packing.pack_groups): without it bf16-long is mixed
-        packing = int(params.get("max_pack_tokens", "0")) > 0
-        if precision == BF16_LONG and not packing:
+        self._packing = int(params.get("max_pack_tokens", "0")) > 0
+        if precision == BF16_LONG and not self._packing:
             precision = MIXED
-        split = precision in (MIXED, BF16_LONG) and _native_bf16(core)
+        # A packing runner's bf16 runs the split too, every call through the bf16 second half: where bf16 misses the
+        # floor on short texts, its fall-back (bf16-long) is then a change of route, not a second compile.
+        split = _native_bf16(core) and (precision in (MIXED, BF16_LONG) or precision == "bf16" and self._packing)
         halves = split_in_the_middle(core, path, self._weights) if split else None
         if halves:
             stages = list(zip(halves, ("bf16", "f32")))
-            if precision == BF16_LONG:  # the same second half compiled again (OpenVINO compiles a copy)
+            if precision != MIXED:  # the same second half compiled again (OpenVINO compiles a copy)
                 stages.append((halves[1], "bf16"))
-                self.short_tokens, self.short_pack_tokens = SHORT_TOKENS, SHORT_PACK_TOKENS
         else:  # mixed or bf16-long without native bf16, or without a cut, is f32 throughout
             hint = "f32" if precision in (MIXED, BF16_LONG) else OPENVINO_PRECISION[precision]
             stages = [(read_model(core, path, hint, self._weights), hint)]
@@ -275,16 +277,8 @@ class OpenVinoSession:
             if self._weights else []
         compiled = [core.compile_model(model, "CPU", {**config, "INFERENCE_PRECISION_HINT": hint})
                     for model, hint in stages]
-        computes = [c.get_property("INFERENCE_PRECISION_HINT").get_type_name() for c in compiled]
-        # the stages each route chains: the precise one (short sentences, or all calls), then the fast one
-        self._routes = [[0, 1], [0, 2]] if len(compiled) == 3 else [list(range(len(compiled)))]
-        # bf16 or f32 here; bf16+f32 for a split model
-        self.computes = "+".join(computes[i] for i in self._routes[0])
-        if self.short_tokens:
-            self.computes = f"bf16, {self.computes} up to {self.short_tokens} tokens"
-        self.fallback = FALLBACK.get(precision) if self.computes != "f32" else None  # nothing more to give up
-        if self.fallback and self.fallback[0] == BF16_LONG and not packing:
-            self.fallback = FALLBACK[BF16_LONG]
+        self._stage_computes = [c.get_property("INFERENCE_PRECISION_HINT").get_type_name() for c in compiled]
+        self._serve(precision)
         self.parallel = streams
         self._idle = queue.SimpleQueue()
         for _ in range(streams):
@@ -293,6 +287,32 @@ class OpenVinoSession:
         self._stage_inputs = [[port.get_any_name() for port in c.inputs] for c in compiled]
         self._outputs = [[(port.get_any_name(), port) for port in c.outputs] for c in compiled]
         self._called = False
+
+    def _serve(self, precision: str) -> None:
+        """Route calls as `precision` runs them through the compiled stages: `_routes` holds the precise route (short
+        sentences, or every call) and, for bf16-long, the fast one (calls of long sentences)."""
+        if len(self._stage_computes) == 1:
+            self._routes = [[0]]
+        elif precision == BF16_LONG:
+            self._routes = [[0, 1], [0, 2]]
+            self.short_tokens, self.short_pack_tokens = SHORT_TOKENS, SHORT_PACK_TOKENS
+        else:
+            self._routes = [[0, 2] if precision == "bf16" else [0, 1]]
+        # bf16 or f32 here; bf16+f32 for a split model
+        self.computes = "+".join(dict.fromkeys(self._stage_computes[i] for i in self._routes[0]))
+        if self.short_tokens:
+            self.computes = f"bf16, {self.computes} up to {self.short_tokens} tokens"
+        self.fallback = FALLBACK.get(precision) if self.computes != "f32" else None  # nothing more to give up
+        if self.fallback and self.fallback[0] == BF16_LONG and not self._packing:
+            self.fallback = FALLBACK[BF16_LONG]
+
+    def reopened(self, precision: str) -> OpenVinoSession:
+        """This session at `precision` (its `fallback`): itself, routed anew, where it has compiled what `precision`
+        runs (a split bf16 session at bf16-long), else a session opened at it."""
+        if precision == BF16_LONG and len(self._stage_computes) == 3:
+            self._serve(precision)
+            return self
+        return OpenVinoSession(self._path, {**self._params, "precision": precision})
 
     def __call__(self, inputs: dict[str, np.ndarray], shortest: int = 0) -> dict[str, np.ndarray]:
         route = self._routes[-1] if self.short_tokens and shortest > self.short_tokens else self._routes[0]

@@ -119,7 +119,7 @@ class FrameworkRunnerModel:
             precision, described = self.session.fallback
             self._log("warn", f"{computes} on this CPU: min cosine {cosine:.6f} < {floor} on the build's "
                               f"{len(expected)} reference texts; running {described} instead")
-            self.session = self.open_session(path, {**params, "precision": precision})
+            self.session = self.session.reopened(precision)
             cosine, computes = self._reference_cosine(inputs, expected), session_computes(self.session)
         if not cosine >= floor:
             raise RuntimeError(f"{reference_path}: embeddings of its {len(expected)} reference texts reach min cosine "
