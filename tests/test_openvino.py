@@ -247,11 +247,13 @@ def test_packing_bf16_session_falls_back_to_bf16_long_by_routing_without_compili
     import openvino as ov
 
     source, ir = packed_ir
-    compiled = []
-    compile_model = ov.Core.compile_model
-    monkeypatch.setattr(ov.Core, "compile_model",
-                        lambda core, model, *args, **kwargs: compiled.append(model) or compile_model(core, model, *args,
-                                                                                                      **kwargs))
+    compiled, compile_model = [], ov.Core.compile_model
+
+    def counted(core, model, *args, **kwargs):
+        compiled.append(model)
+        return compile_model(core, model, *args, **kwargs)
+
+    monkeypatch.setattr(ov.Core, "compile_model", counted)
     packing = {"max_pack_tokens": "256"}
     session = sessions["openvino"].open_session(str(ir["fp16"]), {"precision": "bf16", **packing})
     if not CPU_HAS_BF16:  # f32 throughout: nothing to fall back to
