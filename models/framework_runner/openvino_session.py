@@ -229,6 +229,12 @@ def _upstream(nodes, stop: str | None = None) -> set[str]:
     return seen
 
 
+def _split_stages(precision: str) -> int:
+    """How many compiled stages a split session at `precision` holds: the bf16 first half, the f32 second half and,
+    where calls run bf16 after the middle layer too, a bf16 compile of the second half (0: not a split precision)."""
+    return {MIXED: 2, BF16_LONG: 3, "bf16": 3}.get(precision, 0)
+
+
 def _node(model, name: str):
     return next(op for op in model.get_ops() if op.get_friendly_name() == name)
 
@@ -268,7 +274,7 @@ class OpenVinoSession:
         halves = split_in_the_middle(core, path, self._weights) if split else None
         if halves:
             stages = list(zip(halves, ("bf16", "f32")))
-            if precision != MIXED:  # the same second half compiled again (OpenVINO compiles a copy)
+            if _split_stages(precision) == 3:  # the same second half compiled again (OpenVINO compiles a copy)
                 stages.append((halves[1], "bf16"))
         else:  # mixed or bf16-long without native bf16, or without a cut, is f32 throughout
             hint = "f32" if precision in (MIXED, BF16_LONG) else OPENVINO_PRECISION[precision]
@@ -307,9 +313,9 @@ class OpenVinoSession:
             self.fallback = FALLBACK[BF16_LONG]
 
     def reopened(self, precision: str) -> OpenVinoSession:
-        """This session at `precision` (its `fallback`): itself, routed anew, where it has compiled what `precision`
-        runs (a split bf16 session at bf16-long), else a session opened at it."""
-        if precision == BF16_LONG and len(self._stage_computes) == 3:
+        """This session at `precision` (its `fallback`): itself, routed anew, where it has compiled the stages
+        `precision` runs and no more (a split bf16 session at bf16-long), else a session opened at it."""
+        if _split_stages(precision) == len(self._stage_computes):
             self._serve(precision)
             return self
         return OpenVinoSession(self._path, {**self._params, "precision": precision})
