@@ -393,7 +393,8 @@ def test_encoder_runner_refuses_to_load_when_its_artifact_is_not_what_the_refere
 def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_drifts_below_the_floor(
         token_encoder, tmp_path, drifting):
     """Stand-in drifting sessions (the real session plus noise, reporting the precision a CPU with bf16 computes):
-    no CPU here is known to drift on the reference texts every time. The session each falls back to is real."""
+    no CPU here is known to drift on the reference texts every time. The session each falls back to is real. A
+    session below the floor on the short texts falls back without embedding the long ones."""
     from tests.fake_pb_utils import Logger, module
     from tritonpack.components import load_model_module
 
@@ -401,7 +402,10 @@ def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_dri
     openvino = load_model_module("framework_runner", "openvino_session")
     folder = token_encoder
     link_files(folder, tmp_path)
-    opened = []
+    with np.load(folder.files["1/reference.npz"]) as data:
+        short = int((data["attention_mask"].sum(1) <= runner.SHORT_REFERENCE_TOKENS).sum())
+    assert 0 < short < len(CHECK_TEXTS)
+    opened, drifted_tokens = [], []
 
     class DriftingRunner(runner.FrameworkRunnerModel):
         pb_utils = module()
@@ -413,6 +417,7 @@ def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_dri
                 return session
 
             def drifting_session(inputs):
+                drifted_tokens.append(int(inputs["position_ids"].max()) + 1)  # a pack's longest sentence
                 return {name: value + 0.05 for name, value in session(inputs).items()}
             drifting_session.computes = {"bf16": "bf16", "bf16-long": "bf16, bf16+f32 up to 16 tokens",
                                          "mixed": "bf16+f32"}[params["precision"]]
@@ -430,9 +435,10 @@ def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_dri
                     "fp32 after", "bf16 up to the middle layer and fp32 after", "fp32"]
     computes = ["bf16", r"bf16, bf16\+f32 up to 16 tokens", r"bf16\+f32"]
     for warning, computed, instead in zip(warnings, computes, fell_back_to, strict=False):
-        assert re.fullmatch(rf"{computed} on this CPU: min cosine 0\.\d+ < 0\.9999 on the build's {len(CHECK_TEXTS)} "
-                            rf"reference texts; running {instead} instead", warning)
+        assert re.fullmatch(rf"{computed} on this CPU: min cosine 0\.\d+ < 0\.9999 on {short} of the build's "
+                            rf"{len(CHECK_TEXTS)} reference texts; running {instead} instead", warning)
     assert len(warnings) == len(drifting)
+    assert drifted_tokens and max(drifted_tokens) <= runner.SHORT_REFERENCE_TOKENS
     # what the CPU served where nothing drifted: f32 throughout without native bf16
     served = [r"(bf16, bf16\+f32 up to 16 tokens|f32)", r"(bf16\+f32|f32)", "f32"][len(drifting) - 1]
     assert re.fullmatch(rf"reference texts: min cosine (0\.9999\d+|1\.0+) to the build's \({served}\)", info)
