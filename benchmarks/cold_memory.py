@@ -142,6 +142,14 @@ def summarize_memory(server_only: dict, ladder: dict) -> dict:
             "target_one_model_mb": goals.ONE_MODEL_PSS_MB, "met": one <= goals.ONE_MODEL_PSS_MB}
 
 
+def load_phases(mme) -> dict:
+    """Where the local MME's first load went, from its SageMaker metrics: the gateway (fetching, `check` and
+    extraction: the wait less Triton's part) and Triton's load (environment, stubs, `initialize`)."""
+    metrics = mme.manager.metrics.snapshot()
+    triton = metrics["ModelLoadingTime_sum"]
+    return {"gateway_s": metrics["ModelLoadingWaitTime_sum"] - triton, "triton_load_s": triton}
+
+
 def measure(bench, tarball: Path) -> dict:
     """Cold starts under the container environment `tritonpack deploy` sets, alternating with a stock endpoint's
     (nothing set: auto-complete on), and memory through the first."""
@@ -164,10 +172,14 @@ def measure(bench, tarball: Path) -> dict:
                 with mme:
                     server_start = time.perf_counter() - started
                     server_only = group_memory(mme.triton.server) if memory is None else None
-                    first, warm = invoke(mme.url, targets[0], texts[0]), invoke(mme.url, targets[0], texts[1])
-                    cold[name].append({"server_start_s": server_start, "first_answer_s": first, "warm_answer_s": warm})
+                    first = invoke(mme.url, targets[0], texts[0])
+                    phases = load_phases(mme)
+                    warm = invoke(mme.url, targets[0], texts[1])
+                    cold[name].append({"server_start_s": server_start, "first_answer_s": first, "warm_answer_s": warm,
+                                       **phases})
                     bench.log(f"    cold start {rep + 1}, {name} environment: tarball → first answer {first:.2f}s "
-                              f"(server start {server_start:.1f}s, warm {1000 * warm:.0f} ms)")
+                              f"(gateway {phases['gateway_s']:.2f}s, Triton's load {phases['triton_load_s']:.2f}s; "
+                              f"server start {server_start:.1f}s, warm {1000 * warm:.0f} ms)")
                     if memory is None:
                         memory = summarize_memory(server_only, loaded_ladder(bench, mme, targets, texts,
                                                                              corpus.vocabulary_texts()))

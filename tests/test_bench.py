@@ -157,6 +157,9 @@ def test_bench_smoke_writes_report_files_with_expected_keys_when_run(test_dist, 
     assert memory["vocabulary_words"] > 20000
     assert all(0 < step["before_vocabulary_pss_mb"] <= step["pss_mb"] + 5 for step in memory["steps"].values()), memory
     assert on_disk["mme"]["cold_start"]["first_answer_s_median"] > 0
+    for run in on_disk["mme"]["cold_start"]["runs"]:  # the gateway's part and Triton's, both within the first answer
+        assert min(run["gateway_s"], run["triton_load_s"]) > 0, run
+        assert run["gateway_s"] + run["triton_load_s"] < run["first_answer_s"], run
     assert on_disk["mme"]["cold_start"]["stock_endpoint"]["first_answer_s_median"] > 0
     environment = on_disk["mme"]["container_environment"]
     assert environment["SAGEMAKER_TRITON_ADDITIONAL_ARGS"] == "--disable-auto-complete-config"
