@@ -32,8 +32,8 @@ MASK = "attention_mask"  # when an input has this name, rows are grouped by its 
 MAX_PADDING_WASTE = 0.25  # a group of ragged requests may hold at most this fraction of padding tokens
 PACK_MULTIPLE = 16  # packs are padded to a multiple of this many tokens (packing.packed_inputs says why)
 # The load-time check embeds reference texts of up to this many tokens first: where a reduced precision misses the
-# floor, it misses it on short texts (docs/performance.md, eighteenth round), so a session that can fall back does
-# without computing the long ones, four fifths of the check's time (thirty-fifth round).
+# floor, it misses it on short texts (docs/performance.md, eighteenth round), so a session below it there that can
+# fall back does so without computing the long ones, four fifths of the check's time (thirty-fifth round).
 SHORT_REFERENCE_TOKENS = 16
 
 
