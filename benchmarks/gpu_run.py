@@ -1,0 +1,441 @@
+"""The GPU runs plan of docs/performance.md: `bert_pt` portable served by the bundled tritonserver with its encoder's
+TorchScript on a CUDA GPU, against sentence-transformers on the same GPU.
+
+Two halves, because the lent GPU machine has CUDA torch, Python 3.12 and no network, and takes 64 MiB per call:
+
+    python -m benchmarks.gpu_run carry        # here: writes .gpu/ (about 60 MB)
+    python3 -m benchmarks.gpu_run run OUT     # there, from the checkout with .gpu/ carried: results in OUT/
+
+`carry` packs what that machine lacks: the bundled tritonserver with the python backend, its 3.12 stub and the
+libraries they load; Triton's model-config schema, protobuf and isal for tritonpack itself; MiniLM's weights in 16
+bits (the 64 MiB limit; `run` widens them back to 32 bits, so the served model computes in fp32 from fp16-rounded
+weights); the corpus and held-out texts with sentence-transformers' fp32 embeddings made here on the CPU, once from
+the original weights and once from those fp16-rounded ones.
+
+`run` builds `bert_pt` portable with tritonpack's own build (`--no-env`: the stub runs that machine's Python), serves
+it with dynamic batching on and off, and times served sentences/s by concurrency against sentence-transformers
+in-process on the same GPU (fp32 and fp16, batch 64), with cosines against the CPU references.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import io
+import json
+import lzma
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+CARRY = ROOT / ".gpu"
+STUB_PYTHON = "3.12"  # the lent machine's python3
+TIMED_SENTENCES = 2048
+HELD_OUT = 256
+CONCURRENCY = (1, 4, 8, 16, 64)
+SINGLE_CLIENT_SENTENCES = 512  # c=1 runs a request at a time: a quarter of the corpus keeps the call short
+REPETITIONS = 3
+
+
+# ---- here ---------------------------------------------------------------------------------------------------------
+
+def _pytriton_libraries(binaries: list[Path]) -> list[Path]:
+    """The bundled libraries (nvidia_pytriton.libs) that `binaries` load, found with ldd."""
+    found = set()
+    for binary in binaries:
+        listing = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout
+        for line in listing.splitlines():
+            parts = line.split("=>")
+            if len(parts) == 2 and "nvidia_pytriton.libs" in parts[1]:
+                found.add(Path(parts[1].split()[0]).resolve())
+    return sorted(found)
+
+
+def _icu_data_stub(name: str, work: Path) -> Path:
+    """libxml2 links ICU, whose 29 MB data library the server never reads (it converts no encodings): a library
+    with the same name and symbol keeps the server loadable within the transfer limit (checked by serving here)."""
+    source = work / "icudata.c"
+    source.write_text("const char icudt70_dat[64] = {0};\n")
+    out = work / name
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", f"-Wl,-soname,{name}", "-o", str(out), str(source)], check=True)
+    return out
+
+
+def _wheel_files(requirement: str, work: Path) -> list[tuple[str, bytes]]:
+    """The files of `requirement`'s cp312 manylinux wheel (downloaded from the registry)."""
+    import zipfile
+
+    folder = work / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    "--python-version", STUB_PYTHON, "--implementation", "cp", "--platform", "manylinux2014_x86_64",
+                    "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux_2_28_x86_64", "-d", str(folder),
+                    requirement], check=True)
+    name = requirement.split("==")[0].replace("-", "_")
+    (wheel,) = folder.glob(f"{name}-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        return [(n, z.read(n)) for n in z.namelist() if not n.endswith("/")]
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), mode
+    tar.addfile(info, io.BytesIO(data))
+
+
+def carry_site(work: Path) -> Path:
+    import google.protobuf
+    import pytriton
+    import tritonclient
+
+    site = Path(pytriton.__file__).resolve().parent.parent
+    server = site / "pytriton" / "tritonserver"
+    binaries = {"bin/tritonserver": 0o755, "backends/python/libtriton_python.so": 0o644,
+                "backends/python/triton_python_backend_utils.py": 0o644,
+                f"python_backend_stubs/{STUB_PYTHON}/triton_python_backend_stub": 0o755}
+    out = CARRY / "site.tar.xz"
+    with tarfile.open(out, "w:xz", preset=9) as tar:
+        _add(tar, "pytriton/__init__.py", b"")  # tritonpack.server finds the server beside this file
+        for name, mode in binaries.items():
+            _add(tar, f"pytriton/tritonserver/{name}", (server / name).read_bytes(), mode)
+        for lib in _pytriton_libraries([server / n for n, mode in binaries.items() if mode == 0o755]
+                                       + [server / "backends/python/libtriton_python.so"]):
+            path = _icu_data_stub(lib.name, work) if lib.name.startswith("libicudata") else lib
+            _add(tar, f"nvidia_pytriton.libs/{lib.name}", path.read_bytes(), 0o755)
+        # Triton's model-config schema without the rest of tritonclient (its grpc client needs a newer grpcio)
+        client = Path(tritonclient.__file__).parent
+        _add(tar, "tritonclient/__init__.py", (client / "__init__.py").read_bytes())
+        _add(tar, "tritonclient/grpc/__init__.py", b"")
+        _add(tar, "tritonclient/grpc/model_config_pb2.py", (client / "grpc" / "model_config_pb2.py").read_bytes())
+        for requirement in (f"protobuf=={google.protobuf.__version__}", "isal==1.9.1"):
+            for name, data in _wheel_files(requirement, work):
+                _add(tar, name, data, 0o755 if name.endswith(".so") else 0o644)
+    return out
+
+
+def carry_model(model: Path) -> Path:
+    """The model folder with its weights as fp16 in two byte planes (xz packs the exponents' plane well)."""
+    import safetensors.torch
+
+    weights = safetensors.torch.load_file(str(model / "model.safetensors"))
+    fp16 = np.frombuffer(safetensors.torch.save({k: v.half() for k, v in weights.items()}), np.uint8)
+    even = len(fp16) - len(fp16) % 2
+    planes = fp16[:even].reshape(-1, 2).T.tobytes() + fp16[even:].tobytes()
+    out = CARRY / "minilm.tar.xz"
+    with tarfile.open(out, "w:xz", preset=9 | lzma.PRESET_EXTREME) as tar:
+        for path in sorted(model.rglob("*")):
+            if path.is_file() and path.name != "model.safetensors" and path.suffix != ".md":
+                _add(tar, f"minilm/{path.relative_to(model)}", path.read_bytes())
+        _add(tar, "minilm/model.fp16-planes", planes)
+    return out
+
+
+def widen(planes: bytes) -> dict:
+    """fp16 byte planes → the fp32 tensors `carry_model` started from, rounded to fp16."""
+    import safetensors.torch
+
+    raw = np.frombuffer(planes, np.uint8)
+    half = (len(raw) // 2)
+    interleaved = np.empty(len(raw), np.uint8)
+    interleaved[:2 * half] = raw[:2 * half].reshape(2, half).T.reshape(-1)
+    interleaved[2 * half:] = raw[2 * half:]
+    return {k: v.float() for k, v in safetensors.torch.load(interleaved.tobytes()).items()}
+
+
+def carry_reference(model: Path) -> Path:
+    """Timed corpus and held-out texts, with sentence-transformers' fp32 embeddings on this CPU, from the original
+    weights and from the fp16-rounded ones the lent machine gets."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from benchmarks import corpus
+
+    timed = corpus.corpus(TIMED_SENTENCES)
+    held = corpus.held_out(HELD_OUT, timed=timed)
+    st = SentenceTransformer(str(model), device="cpu")
+    original = st.encode([s.text for s in held], batch_size=32, normalize_embeddings=True)
+    with tarfile.open(CARRY / "minilm.tar.xz") as tar:
+        planes = tar.extractfile("minilm/model.fp16-planes").read()
+    with torch.no_grad():
+        missing = st[0].auto_model.load_state_dict(widen(planes), strict=False).missing_keys  # position_ids: a buffer
+    if missing:
+        raise RuntimeError(f"the fp16 weights lack {missing}")
+    rounded = st.encode([s.text for s in held], batch_size=32, normalize_embeddings=True)
+    out = CARRY / "reference.npz"
+    np.savez_compressed(out, timed=np.array([s.text for s in timed]), timed_bucket=np.array([s.bucket for s in timed]),
+                        held=np.array([s.text for s in held]), original=original, rounded=rounded)
+    return out
+
+
+def carry() -> None:
+    from benchmarks import corpus
+
+    CARRY.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:
+        paths = [carry_site(Path(work)), carry_model(corpus.model_path()), carry_reference(corpus.model_path())]
+    for path in paths:
+        print(f"{path.relative_to(ROOT)}: {path.stat().st_size / 1e6:.1f} MB")
+    print(f"in all {sum(p.stat().st_size for p in paths) / 2**20:.1f} MiB of the 64 MiB a device call carries")
+
+
+# ---- there --------------------------------------------------------------------------------------------------------
+
+def unpack(work: Path) -> tuple[Path, Path]:
+    """site-packages additions and the fp32 model folder under `work`."""
+    import safetensors.torch
+
+    for name in ("site.tar.xz", "minilm.tar.xz"):
+        with tarfile.open(CARRY / name) as tar:
+            tar.extractall(work / ("site" if name.startswith("site") else ""), filter="fully_trusted")
+    model = work / "minilm"
+    planes = model / "model.fp16-planes"
+    safetensors.torch.save_file(widen(planes.read_bytes()), str(model / "model.safetensors"))
+    planes.unlink()
+    return work / "site", model
+
+
+def _infer_body(texts: list[str]) -> bytes:
+    return json.dumps({"inputs": [{"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES", "data": texts}],
+                       "outputs": [{"name": "EMBEDDING", "parameters": {"binary_data": True}}]}).encode()
+
+
+class Client:
+    """Triton's HTTP/JSON protocol with the embeddings back as binary, one keep-alive connection (no tritonclient:
+    its HTTP client's gevent stack is not on the lent machine)."""
+
+    def __init__(self, url: str, model: str):
+        self.connection = http.client.HTTPConnection(url, timeout=120)
+        self.path = f"/v2/models/{model}/infer"
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        self.connection.request("POST", self.path, _infer_body(texts), {"Content-Type": "application/json"})
+        response = self.connection.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {body[:300]!r}")
+        header = int(response.getheader("Inference-Header-Content-Length"))
+        return np.frombuffer(body[header:], np.float32).reshape(len(texts), -1)
+
+
+def served_run(url: str, model: str, requests: list[list[str]], concurrency: int) -> dict:
+    """`requests` sent by `concurrency` clients (each its own connection), sentences/s and latency percentiles."""
+    latencies: list[float] = []
+    pending = iter(requests)
+    lock = threading.Lock()
+    errors: list[str] = []
+
+    def worker() -> None:
+        client = Client(url, model)
+        while True:
+            with lock:
+                batch = next(pending, None)
+            if batch is None:
+                return
+            t = time.perf_counter()
+            try:
+                client.embed(batch)
+            except Exception as e:  # noqa: BLE001 - counted and reported; the run goes on
+                errors.append(str(e))
+                continue
+            with lock:
+                latencies.append(1000 * (time.perf_counter() - t))
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    latencies.sort()
+    return {"sentences_per_s": sum(map(len, requests)) / wall, "p50_ms": latencies[len(latencies) // 2],
+            "p99_ms": latencies[int(len(latencies) * 0.99)], "errors": len(errors), "first_error": errors[:1]}
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return float((a * b).sum(axis=1).min())
+
+
+def best_of(runs: list[dict]) -> dict:
+    """The median run by throughput, with every repetition's throughput."""
+    ordered = sorted(runs, key=lambda r: r["sentences_per_s"])
+    return {**ordered[len(ordered) // 2], "repetitions": [round(r["sentences_per_s"], 1) for r in runs]}
+
+
+def in_process(model: Path, reference: dict) -> dict:
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    texts = list(reference["timed"])
+    results = {}
+    st = SentenceTransformer(str(model), device="cuda")
+    for precision in ("fp32", "fp16"):
+        if precision == "fp16":
+            st.half()
+        st.encode(texts[:256], batch_size=64)  # warm-up: kernels, allocator
+        runs = []
+        for _ in range(REPETITIONS):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            st.encode(texts, batch_size=64, normalize_embeddings=True)
+            torch.cuda.synchronize()
+            runs.append({"sentences_per_s": len(texts) / (time.perf_counter() - t)})
+        held = st.encode(list(reference["held"]), batch_size=64, normalize_embeddings=True)
+        results[precision] = {**best_of(runs), "min_cosine_original": cosine(held, reference["original"]),
+                              "min_cosine_rounded": cosine(held, reference["rounded"])}
+    del st
+    torch.cuda.empty_cache()
+    return results
+
+
+def gpu_memory_mb() -> dict[str, float]:
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout
+    return {line.split(",")[0].strip(): float(line.split(",")[1]) for line in out.splitlines() if "," in line}
+
+
+def served(repository: Path, reference: dict, concurrencies: tuple[int, ...], out: Path, label: str) -> dict:
+    from tritonpack.server import TritonServer
+
+    texts = list(reference["timed"])
+    singles = [[t] for t in texts]
+    result: dict = {"by_concurrency": {}}
+    server = TritonServer(repository, log_path=out / f"tritonserver-{label}.log", keep_log=True)
+    t = time.perf_counter()
+    server.start()
+    result["ready_s"] = time.perf_counter() - t
+    try:
+        client = Client(server.url, "bert_pt")
+        held = np.concatenate([client.embed([h]) for h in reference["held"]])
+        result["min_cosine_original"] = cosine(held, reference["original"])
+        result["min_cosine_rounded"] = cosine(held, reference["rounded"])
+        served_run(server.url, "bert_pt", singles[:256], 8)  # warm-up
+        for c in concurrencies:
+            work = singles[:SINGLE_CLIENT_SENTENCES] if c == 1 else singles
+            result["by_concurrency"][c] = best_of([served_run(server.url, "bert_pt", work, c)
+                                                   for _ in range(REPETITIONS)])
+            print(f"  {label} c={c}: {result['by_concurrency'][c]}", flush=True)
+        batches = [texts[i:i + 32] for i in range(0, len(texts), 32)]
+        result["requests_of_32"] = {c: best_of([served_run(server.url, "bert_pt", batches, c)
+                                                for _ in range(REPETITIONS)]) for c in (1, 4)}
+        result["gpu_memory_mb"] = gpu_memory_mb()
+    finally:
+        server.stop()
+    return result
+
+
+def build(model: Path, dist: Path, serving: list[str], out: Path) -> float:
+    """tritonpack's own build of bert_pt portable into `dist` (its artifact cache there is shared by both builds)."""
+    t = time.perf_counter()
+    args = [sys.executable, "-m", "tritonpack.cli", "build", "bert_pt", "--target", "portable", "--no-env",
+            "--model", str(model), "--dist", str(dist)]
+    for setting in serving:
+        args += ["--serving", setting]
+    with open(out / "build.log", "a") as log:
+        subprocess.run(args, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    return time.perf_counter() - t
+
+
+def machine() -> dict:
+    import torch
+
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip()
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "?")
+    return {"gpu": smi, "torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
+            "cpu": cpu, "cpus": os.cpu_count()}
+
+
+def libpython_folder() -> Path:
+    import sysconfig
+
+    name = f"libpython{STUB_PYTHON}.so.1.0"
+    for folder in (sysconfig.get_config_var("LIBDIR"), f"{sys.base_prefix}/lib", "/usr/lib/x86_64-linux-gnu",
+                   "/usr/local/lib"):
+        if folder and (Path(folder) / name).exists():
+            return Path(folder)
+    raise RuntimeError(f"no {name} beside this Python: the python backend's stub cannot start")
+
+
+def run(out: Path) -> dict:
+    """Each stage's results are written to OUT/gpu.json as they come; a stage that fails is recorded, not fatal."""
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="gpu-run-"))
+    t = time.perf_counter()
+    site, model = unpack(work)
+    sys.path[:0] = [str(site)]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT / "src"), str(ROOT),
+                                                os.environ.get("PYTHONPATH", "")])
+    # the python backend's stub embeds this Python: it loads libpython from where this interpreter's install keeps it
+    os.environ["LD_LIBRARY_PATH"] = os.pathsep.join([str(libpython_folder()), os.environ.get("LD_LIBRARY_PATH", "")])
+    os.environ["TRITONPACK_CACHE"] = str(work / "cache")
+    report: dict = {"machine": machine(), "unpack_s": time.perf_counter() - t}
+    print(json.dumps(report["machine"]), flush=True)
+    reference = dict(np.load(CARRY / "reference.npz"))
+    dist = work / "dist"
+    stages = {
+        "in_process": lambda: in_process(model, reference),
+        "build_s": lambda: build(model, dist, [], out),
+        "served_batching": lambda: served(dist / "bert_pt-portable", reference, CONCURRENCY, out, "batching"),
+        "build_unbatched_s": lambda: build(model, dist, ["dynamic_batching=false"], out),
+        "served_unbatched": lambda: served(dist / "bert_pt-portable", reference, (8, 64), out, "unbatched"),
+    }
+    for name, stage in stages.items():
+        try:
+            report[name] = stage()
+        except Exception as e:  # noqa: BLE001 - the stages after it may still run; the report says what failed
+            report[name] = {"error": f"{type(e).__name__}: {e}"}
+        print(f"{name}: {report[name]}", flush=True)
+        (out / "gpu.json").write_text(json.dumps(report, indent=1, default=str))
+        if name == "build_s" and (dist / "bert_pt-portable").is_dir():
+            shutil.copy2(dist / "bert_pt-portable" / "bert_pt_encoder" / "config.pbtxt", out / "encoder-config.pbtxt")
+    return report
+
+
+def summary(report: dict) -> str:
+    lines = [json.dumps(report["machine"])]
+    fp32 = report["in_process"].get("fp32", {}).get("sentences_per_s")
+    lines.append(f"in-process sentence-transformers b64: {report['in_process']}")
+    for label in ("served_batching", "served_unbatched"):
+        s = report.get(label, {})
+        if "error" in s or not s:
+            lines.append(f"{label}: {s}")
+            continue
+        lines.append(f"{label}: ready {s['ready_s']:.1f} s, min cosine {s['min_cosine_original']:.6f} "
+                     f"(rounded weights {s['min_cosine_rounded']:.6f}), GPU MiB by pid {s['gpu_memory_mb']}")
+        for c, r in s["by_concurrency"].items():
+            versus = f" ({r['sentences_per_s'] / fp32:.2f}x fp32 in-process)" if fp32 else ""
+            lines.append(f"  c={c}: {r['sentences_per_s']:.0f}/s{versus} p50 {r['p50_ms']:.1f} ms "
+                         f"p99 {r['p99_ms']:.1f} ms errors {r['errors']}")
+        for c, r in s.get("requests_of_32", {}).items():
+            lines.append(f"  32 per request c={c}: {r['sentences_per_s']:.0f}/s p50 {r['p50_ms']:.1f} ms")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("carry")
+    there = sub.add_parser("run")
+    there.add_argument("out", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "carry":
+        carry()
+    else:
+        print(summary(run(args.out)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
