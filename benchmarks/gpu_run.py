@@ -202,21 +202,30 @@ def unpack(work: Path) -> tuple[Path, Path]:
     return work / "site", model
 
 
-def _infer_body(texts: list[str]) -> bytes:
-    return json.dumps({"inputs": [{"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES", "data": texts}],
-                       "outputs": [{"name": "EMBEDDING", "parameters": {"binary_data": True}}]}).encode()
-
-
 class Client:
-    """Triton's HTTP/JSON protocol with the embeddings back as binary, one keep-alive connection (no tritonclient:
-    its HTTP client's gevent stack is not on the lent machine)."""
+    """Triton's HTTP protocol with the embeddings back as binary, one keep-alive connection (no tritonclient: its
+    HTTP client's gevent stack is not on the lent machine). `binary_input`: the texts as Triton's serialized BYTES
+    after the JSON header, as tritonclient sends them; else as JSON strings, as a hand-written client would."""
 
-    def __init__(self, url: str, model: str):
+    def __init__(self, url: str, model: str, binary_input: bool = True):
         self.connection = http.client.HTTPConnection(url, timeout=120)
         self.path = f"/v2/models/{model}/infer"
+        self.binary_input = binary_input
+
+    def _request(self, texts: list[str]) -> tuple[bytes, dict[str, str]]:
+        text_input: dict = {"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES"}
+        outputs = [{"name": "EMBEDDING", "parameters": {"binary_data": True}}]
+        if not self.binary_input:
+            body = json.dumps({"inputs": [{**text_input, "data": texts}], "outputs": outputs}).encode()
+            return body, {"Content-Type": "application/json"}
+        data = b"".join(len(b).to_bytes(4, "little") + b for b in (t.encode() for t in texts))
+        text_input["parameters"] = {"binary_data_size": len(data)}
+        header = json.dumps({"inputs": [text_input], "outputs": outputs}).encode()
+        return header + data, {"Content-Type": "application/octet-stream",
+                               "Inference-Header-Content-Length": str(len(header))}
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        self.connection.request("POST", self.path, _infer_body(texts), {"Content-Type": "application/json"})
+        self.connection.request("POST", self.path, *self._request(texts))
         response = self.connection.getresponse()
         body = response.read()
         if response.status != 200:
@@ -225,7 +234,7 @@ class Client:
         return np.frombuffer(body[header:], np.float32).reshape(len(texts), -1)
 
 
-def served_run(url: str, model: str, requests: list[list[str]], concurrency: int) -> dict:
+def served_run(url: str, model: str, requests: list[list[str]], concurrency: int, binary_input: bool = True) -> dict:
     """`requests` sent by `concurrency` clients (each its own connection), sentences/s and latency percentiles."""
     latencies: list[float] = []
     pending = iter(requests)
@@ -233,7 +242,7 @@ def served_run(url: str, model: str, requests: list[list[str]], concurrency: int
     errors: list[str] = []
 
     def worker() -> None:
-        client = Client(url, model)
+        client = Client(url, model, binary_input)
         while True:
             with lock:
                 batch = next(pending, None)
@@ -304,30 +313,62 @@ def gpu_memory_mb() -> dict[str, float]:
     return {line.split(",")[0].strip(): float(line.split(",")[1]) for line in out.splitlines() if "," in line}
 
 
-def served(repository: Path, reference: dict, concurrencies: tuple[int, ...], out: Path, label: str) -> dict:
+# How the first request reaches the tokenizer's stub: the first run on the lent machine (H200, default server flags,
+# JSON input) crashed the stub on its first request, reading 0xd7d7d7d7 as the first text's length. Each transport:
+# server flags, texts as binary (tritonclient's way) or JSON, environment; "diagnosis" ones are never timed.
+NO_POOLS = ["--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0"]
+TRANSPORTS = {"binary": ([], True, {}), "json": ([], False, {}),
+              "binary, no pinned pool": (["--pinned-memory-pool-byte-size=0"], True, {}),
+              "json, no memory pools": (NO_POOLS, False, {}),
+              "binary, no memory pools": (NO_POOLS, True, {}),
+              "diagnosis: json, GPU hidden": ([], False, {"CUDA_VISIBLE_DEVICES": ""})}
+
+
+def probe_transports(repository: Path, text: str, out: Path) -> dict:
+    """For each transport, a fresh server and one request: its answer or the error, and the stub's last error."""
     from tritonpack.server import TritonServer
 
+    results = {}
+    for name, (server_args, binary_input, env) in TRANSPORTS.items():
+        log = out / "tritonserver-probes.log"
+        with TritonServer(repository, log_path=log, keep_log=True, extra_args=server_args, env=env) as server:
+            try:
+                Client(server.url, "bert_pt", binary_input).embed([text])
+                results[name] = "ok"
+            except Exception as e:  # noqa: BLE001 - what each transport does is the result
+                results[name] = f"{e}; log: {server.last_error()}"
+        print(f"  transport {name}: {results[name]}", flush=True)
+    return results
+
+
+def served(repository: Path, reference: dict, concurrencies: tuple[int, ...], out: Path, label: str,
+           transport: str) -> dict:
+    from tritonpack.server import TritonServer
+
+    server_args, binary_input, env = TRANSPORTS[transport]
     texts = list(reference["timed"])
     singles = [[t] for t in texts]
-    result: dict = {"by_concurrency": {}}
-    server = TritonServer(repository, log_path=out / f"tritonserver-{label}.log", keep_log=True)
+    result: dict = {"transport": transport, "by_concurrency": {}}
+    server = TritonServer(repository, log_path=out / f"tritonserver-{label}.log", keep_log=True,
+                          extra_args=server_args, env=env)
     t = time.perf_counter()
     server.start()
     result["ready_s"] = time.perf_counter() - t
+
+    def timed(requests: list[list[str]], c: int) -> dict:
+        return best_of([served_run(server.url, "bert_pt", requests, c, binary_input) for _ in range(REPETITIONS)])
+
     try:
-        client = Client(server.url, "bert_pt")
+        client = Client(server.url, "bert_pt", binary_input)
         held = np.concatenate([client.embed([h]) for h in reference["held"]])
         result["min_cosine_original"] = cosine(held, reference["original"])
         result["min_cosine_rounded"] = cosine(held, reference["rounded"])
-        served_run(server.url, "bert_pt", singles[:256], 8)  # warm-up
+        served_run(server.url, "bert_pt", singles[:256], 8, binary_input)  # warm-up
         for c in concurrencies:
-            work = singles[:SINGLE_CLIENT_SENTENCES] if c == 1 else singles
-            result["by_concurrency"][c] = best_of([served_run(server.url, "bert_pt", work, c)
-                                                   for _ in range(REPETITIONS)])
+            result["by_concurrency"][c] = timed(singles[:SINGLE_CLIENT_SENTENCES] if c == 1 else singles, c)
             print(f"  {label} c={c}: {result['by_concurrency'][c]}", flush=True)
         batches = [texts[i:i + 32] for i in range(0, len(texts), 32)]
-        result["requests_of_32"] = {c: best_of([served_run(server.url, "bert_pt", batches, c)
-                                                for _ in range(REPETITIONS)]) for c in (1, 4)}
+        result["requests_of_32"] = {c: timed(batches, c) for c in (1, 4)}
         result["gpu_memory_mb"] = gpu_memory_mb()
     finally:
         server.stop()
@@ -357,15 +398,13 @@ def machine() -> dict:
             "cpu": cpu, "cpus": os.cpu_count()}
 
 
-def libpython_folder() -> Path:
+def libpython_folders() -> list[str]:
+    """Where this Python's shared library is, for the stub that embeds it (none: the loader's default search)."""
     import sysconfig
 
     name = f"libpython{STUB_PYTHON}.so.1.0"
-    for folder in (sysconfig.get_config_var("LIBDIR"), f"{sys.base_prefix}/lib", "/usr/lib/x86_64-linux-gnu",
-                   "/usr/local/lib"):
-        if folder and (Path(folder) / name).exists():
-            return Path(folder)
-    raise RuntimeError(f"no {name} beside this Python: the python backend's stub cannot start")
+    return [folder for folder in (sysconfig.get_config_var("LIBDIR"), f"{sys.base_prefix}/lib")
+            if folder and (Path(folder) / name).exists()][:1]
 
 
 def run(out: Path) -> dict:
@@ -378,18 +417,25 @@ def run(out: Path) -> dict:
     os.environ["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT / "src"), str(ROOT),
                                                 os.environ.get("PYTHONPATH", "")])
     # the python backend's stub embeds this Python: it loads libpython from where this interpreter's install keeps it
-    os.environ["LD_LIBRARY_PATH"] = os.pathsep.join([str(libpython_folder()), os.environ.get("LD_LIBRARY_PATH", "")])
+    os.environ["LD_LIBRARY_PATH"] = os.pathsep.join([*libpython_folders(), os.environ.get("LD_LIBRARY_PATH", "")])
     os.environ["TRITONPACK_CACHE"] = str(work / "cache")
     report: dict = {"machine": machine(), "unpack_s": time.perf_counter() - t}
     print(json.dumps(report["machine"]), flush=True)
     reference = dict(np.load(CARRY / "reference.npz"))
     dist = work / "dist"
+    repository = dist / "bert_pt-portable"
+
+    def working_transport() -> str:
+        return next((name for name, answer in report["transports"].items()
+                     if answer == "ok" and not name.startswith("diagnosis")), "binary")
+
     stages = {
         "in_process": lambda: in_process(model, reference),
         "build_s": lambda: build(model, dist, [], out),
-        "served_batching": lambda: served(dist / "bert_pt-portable", reference, CONCURRENCY, out, "batching"),
+        "transports": lambda: probe_transports(repository, str(reference["held"][0]), out),
+        "served_batching": lambda: served(repository, reference, CONCURRENCY, out, "batching", working_transport()),
         "build_unbatched_s": lambda: build(model, dist, ["dynamic_batching=false"], out),
-        "served_unbatched": lambda: served(dist / "bert_pt-portable", reference, (8, 64), out, "unbatched"),
+        "served_unbatched": lambda: served(repository, reference, (8, 64), out, "unbatched", working_transport()),
     }
     for name, stage in stages.items():
         try:
@@ -407,13 +453,15 @@ def summary(report: dict) -> str:
     lines = [json.dumps(report["machine"])]
     fp32 = report["in_process"].get("fp32", {}).get("sentences_per_s")
     lines.append(f"in-process sentence-transformers b64: {report['in_process']}")
+    lines.append(f"transports: {report.get('transports')}")
     for label in ("served_batching", "served_unbatched"):
         s = report.get(label, {})
         if "error" in s or not s:
             lines.append(f"{label}: {s}")
             continue
-        lines.append(f"{label}: ready {s['ready_s']:.1f} s, min cosine {s['min_cosine_original']:.6f} "
-                     f"(rounded weights {s['min_cosine_rounded']:.6f}), GPU MiB by pid {s['gpu_memory_mb']}")
+        lines.append(f"{label} ({s['transport']}): ready {s['ready_s']:.1f} s, "
+                     f"min cosine {s['min_cosine_original']:.6f} (rounded weights {s['min_cosine_rounded']:.6f}), "
+                     f"GPU MiB by pid {s['gpu_memory_mb']}")
         for c, r in s["by_concurrency"].items():
             versus = f" ({r['sentences_per_s'] / fp32:.2f}x fp32 in-process)" if fp32 else ""
             lines.append(f"  c={c}: {r['sentences_per_s']:.0f}/s{versus} p50 {r['p50_ms']:.1f} ms "
