@@ -7,14 +7,14 @@ Two halves, because the lent GPU machine has CUDA torch, Python 3.12 and no netw
     python3 -m benchmarks.gpu_run run OUT     # there, from the checkout with .gpu/ carried: results in OUT/
 
 `carry` packs what that machine lacks: the bundled tritonserver with the python backend, its 3.12 stub and the
-libraries they load; Triton's model-config schema, protobuf and isal for tritonpack itself; MiniLM's weights in 16
-bits (the 64 MiB limit; `run` widens them back to 32 bits, so the served model computes in fp32 from fp16-rounded
-weights); the corpus and held-out texts with sentence-transformers' fp32 embeddings made here on the CPU, once from
-the original weights and once from those fp16-rounded ones.
+libraries they load; numpy 1 for that stub; Triton's model-config schema, protobuf and isal for tritonpack itself;
+MiniLM's weights in 16 bits (the 64 MiB limit; `run` widens them back to 32 bits, so the served model computes in
+fp32 from fp16-rounded weights, within a cosine of 1e-6 of the original); the corpus and held-out texts with
+sentence-transformers' fp32 embeddings of the latter, made here on the CPU from the original weights.
 
 `run` builds `bert_pt` portable with tritonpack's own build (`--no-env`: the stub runs that machine's Python), serves
 it with dynamic batching on and off, and times served sentences/s by concurrency against sentence-transformers
-in-process on the same GPU (fp32 and fp16, batch 64), with cosines against the CPU references.
+in-process on the same GPU (batch 64), with cosines against the CPU reference.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import io
 import json
 import lzma
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,11 +40,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 CARRY = ROOT / ".gpu"
 STUB_PYTHON = "3.12"  # the lent machine's python3
+# The stub of Triton 2.51 binds numpy with pybind11 2.10, which reads numpy 2's arrays wrongly (containers.py,
+# NUMPY1_STUB_LAST): the lent machine's Python has numpy 2, so its stubs get this numpy 1 (this environment's),
+# without what serving never imports (the transfer limit).
+STUB_NUMPY = "stub-numpy"
+STUB_NUMPY_UNUSED = re.compile(r"/tests/|/include/|\.(pyi|pxd|a|h)$|^numpy/(f2py|distutils|_pyinstaller|"
+                               r"random/_examples)/|_simd\.|_(umath|rational|struct_ufunc|operand_flag)_tests")
 TIMED_SENTENCES = 2048
-HELD_OUT = 256
-CONCURRENCY = (1, 4, 8, 16, 64)
+HELD_OUT = 128
 SINGLE_CLIENT_SENTENCES = 512  # c=1 runs a request at a time: a quarter of the corpus keeps the call short
-REPETITIONS = 3
 
 
 # ---- here ---------------------------------------------------------------------------------------------------------
@@ -118,6 +123,9 @@ def carry_site(work: Path) -> Path:
         for requirement in (f"protobuf=={google.protobuf.__version__}", "isal==1.9.1"):
             for name, data in _wheel_files(requirement, work):
                 _add(tar, name, data, 0o755 if name.endswith(".so") else 0o644)
+        for name, data in _wheel_files(f"numpy=={np.__version__}", work):
+            if not STUB_NUMPY_UNUSED.search(name):
+                _add(tar, f"{STUB_NUMPY}/{name}", data, 0o755 if ".so" in name else 0o644)
     return out
 
 
@@ -151,28 +159,25 @@ def widen(planes: bytes) -> dict:
 
 
 def carry_reference(model: Path) -> Path:
-    """Timed corpus and held-out texts, with sentence-transformers' fp32 embeddings on this CPU, from the original
-    weights and from the fp16-rounded ones the lent machine gets."""
-    import torch
+    """Timed corpus and held-out texts, with sentence-transformers' fp32 embeddings of the held-out ones on this CPU
+    from the original weights (the fp16 rounding of the carried weights moves them by a cosine of 1e-6 at most)."""
     from sentence_transformers import SentenceTransformer
 
     from benchmarks import corpus
 
     timed = corpus.corpus(TIMED_SENTENCES)
     held = corpus.held_out(HELD_OUT, timed=timed)
-    st = SentenceTransformer(str(model), device="cpu")
-    original = st.encode([s.text for s in held], batch_size=32, normalize_embeddings=True)
-    with tarfile.open(CARRY / "minilm.tar.xz") as tar:
-        planes = tar.extractfile("minilm/model.fp16-planes").read()
-    with torch.no_grad():
-        missing = st[0].auto_model.load_state_dict(widen(planes), strict=False).missing_keys  # position_ids: a buffer
-    if missing:
-        raise RuntimeError(f"the fp16 weights lack {missing}")
-    rounded = st.encode([s.text for s in held], batch_size=32, normalize_embeddings=True)
-    out = CARRY / "reference.npz"
-    np.savez_compressed(out, timed=np.array([s.text for s in timed]), timed_bucket=np.array([s.bucket for s in timed]),
-                        held=np.array([s.text for s in held]), original=original, rounded=rounded)
+    original = SentenceTransformer(str(model), device="cpu").encode([s.text for s in held], batch_size=32,
+                                                                     normalize_embeddings=True)
+    arrays = io.BytesIO()
+    np.savez(arrays, timed=np.array([s.text for s in timed]), held=np.array([s.text for s in held]), original=original)
+    out = CARRY / "reference.npz.xz"
+    out.write_bytes(lzma.compress(arrays.getvalue(), preset=9))
     return out
+
+
+def load_reference() -> dict:
+    return dict(np.load(io.BytesIO(lzma.decompress((CARRY / "reference.npz.xz").read_bytes()))))
 
 
 def carry() -> None:
@@ -203,38 +208,31 @@ def unpack(work: Path) -> tuple[Path, Path]:
 
 
 class Client:
-    """Triton's HTTP protocol with the embeddings back as binary, one keep-alive connection (no tritonclient: its
-    HTTP client's gevent stack is not on the lent machine). `binary_input`: the texts as Triton's serialized BYTES
-    after the JSON header, as tritonclient sends them; else as JSON strings, as a hand-written client would."""
+    """Triton's HTTP protocol, the texts as serialized BYTES after the JSON header and the embeddings back as binary
+    (as tritonclient sends them; its HTTP client's gevent stack is not on the lent machine), one keep-alive
+    connection."""
 
-    def __init__(self, url: str, model: str, binary_input: bool = True):
+    def __init__(self, url: str, model: str):
         self.connection = http.client.HTTPConnection(url, timeout=120)
         self.path = f"/v2/models/{model}/infer"
-        self.binary_input = binary_input
-
-    def _request(self, texts: list[str]) -> tuple[bytes, dict[str, str]]:
-        text_input: dict = {"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES"}
-        outputs = [{"name": "EMBEDDING", "parameters": {"binary_data": True}}]
-        if not self.binary_input:
-            body = json.dumps({"inputs": [{**text_input, "data": texts}], "outputs": outputs}).encode()
-            return body, {"Content-Type": "application/json"}
-        data = b"".join(len(b).to_bytes(4, "little") + b for b in (t.encode() for t in texts))
-        text_input["parameters"] = {"binary_data_size": len(data)}
-        header = json.dumps({"inputs": [text_input], "outputs": outputs}).encode()
-        return header + data, {"Content-Type": "application/octet-stream",
-                               "Inference-Header-Content-Length": str(len(header))}
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        self.connection.request("POST", self.path, *self._request(texts))
+        data = b"".join(len(b).to_bytes(4, "little") + b for b in (t.encode() for t in texts))
+        header = json.dumps({
+            "inputs": [{"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES",
+                        "parameters": {"binary_data_size": len(data)}}],
+            "outputs": [{"name": "EMBEDDING", "parameters": {"binary_data": True}}]}).encode()
+        self.connection.request("POST", self.path, header + data, {
+            "Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))})
         response = self.connection.getresponse()
         body = response.read()
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status}: {body[:300]!r}")
-        header = int(response.getheader("Inference-Header-Content-Length"))
-        return np.frombuffer(body[header:], np.float32).reshape(len(texts), -1)
+        offset = int(response.getheader("Inference-Header-Content-Length"))
+        return np.frombuffer(body[offset:], np.float32).reshape(len(texts), -1)
 
 
-def served_run(url: str, model: str, requests: list[list[str]], concurrency: int, binary_input: bool = True) -> dict:
+def served_run(url: str, model: str, requests: list[list[str]], concurrency: int) -> dict:
     """`requests` sent by `concurrency` clients (each its own connection), sentences/s and latency percentiles."""
     latencies: list[float] = []
     pending = iter(requests)
@@ -242,7 +240,7 @@ def served_run(url: str, model: str, requests: list[list[str]], concurrency: int
     errors: list[str] = []
 
     def worker() -> None:
-        client = Client(url, model, binary_input)
+        client = Client(url, model)
         while True:
             with lock:
                 batch = next(pending, None)
@@ -281,27 +279,26 @@ def best_of(runs: list[dict]) -> dict:
     return {**ordered[len(ordered) // 2], "repetitions": [round(r["sentences_per_s"], 1) for r in runs]}
 
 
-def in_process(model: Path, reference: dict) -> dict:
+def in_process(model: Path, reference: dict, precisions: tuple[str, ...], repetitions: int) -> dict:
     import torch
     from sentence_transformers import SentenceTransformer
 
     texts = list(reference["timed"])
     results = {}
     st = SentenceTransformer(str(model), device="cuda")
-    for precision in ("fp32", "fp16"):
+    for precision in precisions:
         if precision == "fp16":
             st.half()
         st.encode(texts[:256], batch_size=64)  # warm-up: kernels, allocator
         runs = []
-        for _ in range(REPETITIONS):
+        for _ in range(repetitions):
             torch.cuda.synchronize()
             t = time.perf_counter()
             st.encode(texts, batch_size=64, normalize_embeddings=True)
             torch.cuda.synchronize()
             runs.append({"sentences_per_s": len(texts) / (time.perf_counter() - t)})
         held = st.encode(list(reference["held"]), batch_size=64, normalize_embeddings=True)
-        results[precision] = {**best_of(runs), "min_cosine_original": cosine(held, reference["original"]),
-                              "min_cosine_rounded": cosine(held, reference["rounded"])}
+        results[precision] = {**best_of(runs), "min_cosine": cosine(held, reference["original"])}
     del st
     torch.cuda.empty_cache()
     return results
@@ -313,62 +310,46 @@ def gpu_memory_mb() -> dict[str, float]:
     return {line.split(",")[0].strip(): float(line.split(",")[1]) for line in out.splitlines() if "," in line}
 
 
-# How the first request reaches the tokenizer's stub: the first run on the lent machine (H200, default server flags,
-# JSON input) crashed the stub on its first request, reading 0xd7d7d7d7 as the first text's length. Each transport:
-# server flags, texts as binary (tritonclient's way) or JSON, environment; "diagnosis" ones are never timed.
-NO_POOLS = ["--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0"]
-TRANSPORTS = {"binary": ([], True, {}), "json": ([], False, {}),
-              "binary, no pinned pool": (["--pinned-memory-pool-byte-size=0"], True, {}),
-              "json, no memory pools": (NO_POOLS, False, {}),
-              "binary, no memory pools": (NO_POOLS, True, {}),
-              "diagnosis: json, GPU hidden": ([], False, {"CUDA_VISIBLE_DEVICES": ""})}
+def stub_python(work: Path, site: Path) -> dict[str, str]:
+    """The environment that gives tritonserver's stubs this Python with numpy 1 before its own packages: a venv
+    whose site-packages holds the carried numpy and a .pth naming this Python's package folders. {} where this
+    Python's numpy is 1 already."""
+    if int(np.__version__.split(".")[0]) < 2:
+        return {}
+    venv = work / "stub-python"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (packages,) = venv.glob("lib/python3*/site-packages")
+    for path in (site / STUB_NUMPY).iterdir():
+        shutil.move(str(path), packages / path.name)
+    folders = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    (packages / "zz-this-python.pth").write_text("\n".join(folders) + "\n")
+    return {"PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
 
 
-def probe_transports(repository: Path, text: str, out: Path) -> dict:
-    """For each transport, a fresh server and one request: its answer or the error, and the stub's last error."""
+def served(repository: Path, reference: dict, concurrencies: tuple[int, ...], repetitions: int, out: Path,
+           label: str, env: dict[str, str]) -> dict:
     from tritonpack.server import TritonServer
 
-    results = {}
-    for name, (server_args, binary_input, env) in TRANSPORTS.items():
-        log = out / "tritonserver-probes.log"
-        with TritonServer(repository, log_path=log, keep_log=True, extra_args=server_args, env=env) as server:
-            try:
-                Client(server.url, "bert_pt", binary_input).embed([text])
-                results[name] = "ok"
-            except Exception as e:  # noqa: BLE001 - what each transport does is the result
-                results[name] = f"{e}; log: {server.last_error()}"
-        print(f"  transport {name}: {results[name]}", flush=True)
-    return results
-
-
-def served(repository: Path, reference: dict, concurrencies: tuple[int, ...], out: Path, label: str,
-           transport: str) -> dict:
-    from tritonpack.server import TritonServer
-
-    server_args, binary_input, env = TRANSPORTS[transport]
     texts = list(reference["timed"])
     singles = [[t] for t in texts]
-    result: dict = {"transport": transport, "by_concurrency": {}}
-    server = TritonServer(repository, log_path=out / f"tritonserver-{label}.log", keep_log=True,
-                          extra_args=server_args, env=env)
+    result: dict = {"by_concurrency": {}}
+    server = TritonServer(repository, log_path=out / f"tritonserver-{label}.log", keep_log=True, env=env)
     t = time.perf_counter()
     server.start()
     result["ready_s"] = time.perf_counter() - t
 
     def timed(requests: list[list[str]], c: int) -> dict:
-        return best_of([served_run(server.url, "bert_pt", requests, c, binary_input) for _ in range(REPETITIONS)])
+        return best_of([served_run(server.url, "bert_pt", requests, c) for _ in range(repetitions)])
 
     try:
-        client = Client(server.url, "bert_pt", binary_input)
-        held = np.concatenate([client.embed([h]) for h in reference["held"]])
-        result["min_cosine_original"] = cosine(held, reference["original"])
-        result["min_cosine_rounded"] = cosine(held, reference["rounded"])
-        served_run(server.url, "bert_pt", singles[:256], 8, binary_input)  # warm-up
+        client = Client(server.url, "bert_pt")
+        result["min_cosine"] = cosine(np.concatenate([client.embed([h]) for h in reference["held"]]),
+                                      reference["original"])
+        served_run(server.url, "bert_pt", singles[:256], 8)  # warm-up
         for c in concurrencies:
             result["by_concurrency"][c] = timed(singles[:SINGLE_CLIENT_SENTENCES] if c == 1 else singles, c)
             print(f"  {label} c={c}: {result['by_concurrency'][c]}", flush=True)
-        batches = [texts[i:i + 32] for i in range(0, len(texts), 32)]
-        result["requests_of_32"] = {c: timed(batches, c) for c in (1, 4)}
+        result["requests_of_32"] = {1: timed([texts[i:i + 32] for i in range(0, len(texts), 32)], 1)}
         result["gpu_memory_mb"] = gpu_memory_mb()
     finally:
         server.stop()
@@ -407,7 +388,7 @@ def libpython_folders() -> list[str]:
             if folder and (Path(folder) / name).exists()][:1]
 
 
-def run(out: Path) -> dict:
+def run(out: Path, concurrency: tuple[int, ...], repetitions: int, precisions: tuple[str, ...]) -> dict:
     """Each stage's results are written to OUT/gpu.json as they come; a stage that fails is recorded, not fatal."""
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="gpu-run-"))
@@ -419,23 +400,19 @@ def run(out: Path) -> dict:
     # the python backend's stub embeds this Python: it loads libpython from where this interpreter's install keeps it
     os.environ["LD_LIBRARY_PATH"] = os.pathsep.join([*libpython_folders(), os.environ.get("LD_LIBRARY_PATH", "")])
     os.environ["TRITONPACK_CACHE"] = str(work / "cache")
-    report: dict = {"machine": machine(), "unpack_s": time.perf_counter() - t}
+    stub_env = stub_python(work, site)
+    report: dict = {"machine": machine(), "unpack_s": time.perf_counter() - t, "stub_numpy_1": bool(stub_env)}
     print(json.dumps(report["machine"]), flush=True)
-    reference = dict(np.load(CARRY / "reference.npz"))
+    reference = load_reference()
     dist = work / "dist"
     repository = dist / "bert_pt-portable"
-
-    def working_transport() -> str:
-        return next((name for name, answer in report["transports"].items()
-                     if answer == "ok" and not name.startswith("diagnosis")), "binary")
-
     stages = {
-        "in_process": lambda: in_process(model, reference),
+        "in_process": lambda: in_process(model, reference, precisions, repetitions),
         "build_s": lambda: build(model, dist, [], out),
-        "transports": lambda: probe_transports(repository, str(reference["held"][0]), out),
-        "served_batching": lambda: served(repository, reference, CONCURRENCY, out, "batching", working_transport()),
+        "served_batching": lambda: served(repository, reference, concurrency, repetitions, out, "batching", stub_env),
         "build_unbatched_s": lambda: build(model, dist, ["dynamic_batching=false"], out),
-        "served_unbatched": lambda: served(repository, reference, (8, 64), out, "unbatched", working_transport()),
+        "served_unbatched": lambda: served(repository, reference, tuple(c for c in concurrency if c >= 8),
+                                           repetitions, out, "unbatched", stub_env),
     }
     for name, stage in stages.items():
         try:
@@ -444,8 +421,8 @@ def run(out: Path) -> dict:
             report[name] = {"error": f"{type(e).__name__}: {e}"}
         print(f"{name}: {report[name]}", flush=True)
         (out / "gpu.json").write_text(json.dumps(report, indent=1, default=str))
-        if name == "build_s" and (dist / "bert_pt-portable").is_dir():
-            shutil.copy2(dist / "bert_pt-portable" / "bert_pt_encoder" / "config.pbtxt", out / "encoder-config.pbtxt")
+        if name == "build_s" and repository.is_dir():
+            shutil.copy2(repository / "bert_pt_encoder" / "config.pbtxt", out / "encoder-config.pbtxt")
     return report
 
 
@@ -453,14 +430,12 @@ def summary(report: dict) -> str:
     lines = [json.dumps(report["machine"])]
     fp32 = report["in_process"].get("fp32", {}).get("sentences_per_s")
     lines.append(f"in-process sentence-transformers b64: {report['in_process']}")
-    lines.append(f"transports: {report.get('transports')}")
     for label in ("served_batching", "served_unbatched"):
         s = report.get(label, {})
         if "error" in s or not s:
             lines.append(f"{label}: {s}")
             continue
-        lines.append(f"{label} ({s['transport']}): ready {s['ready_s']:.1f} s, "
-                     f"min cosine {s['min_cosine_original']:.6f} (rounded weights {s['min_cosine_rounded']:.6f}), "
+        lines.append(f"{label}: ready {s['ready_s']:.1f} s, min cosine {s['min_cosine']:.6f}, "
                      f"GPU MiB by pid {s['gpu_memory_mb']}")
         for c, r in s["by_concurrency"].items():
             versus = f" ({r['sentences_per_s'] / fp32:.2f}x fp32 in-process)" if fp32 else ""
@@ -477,11 +452,15 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("carry")
     there = sub.add_parser("run")
     there.add_argument("out", type=Path)
+    there.add_argument("--concurrency", default="1,4,8,16,64", help="served concurrencies (default: %(default)s)")
+    there.add_argument("--repetitions", type=int, default=3)
+    there.add_argument("--precisions", default="fp32,fp16", help="in-process sentence-transformers on the GPU")
     args = parser.parse_args(argv)
     if args.command == "carry":
         carry()
     else:
-        print(summary(run(args.out)))
+        print(summary(run(args.out, tuple(int(c) for c in args.concurrency.split(",")), args.repetitions,
+                          tuple(args.precisions.split(",")))))
     return 0
 
 
