@@ -211,16 +211,53 @@ def encoder_onnx(out_dir: Path, source: SentenceTransformerSource) -> None:
     _check("ONNX export", source, max_diff_on_real_tokens(_expected(source, inputs), actual, inputs["attention_mask"]))
 
 
+def _load_device_portable(model_dir: Path):
+    """`_load`'s forward with the additive attention mask made from the inputs' own device. transformers builds it
+    from a constant placed on the device the model is on, which a trace then fixes in the graph: a TorchScript traced
+    here on the CPU failed on the GPU ("Expected all tensors to be on the same device, … cuda:0 and cpu",
+    docs/performance.md, GPU runs). Models without BERT's embeddings/encoder split keep transformers' own mask (and
+    `encoder_torchscript` refuses a graph that fixes a device)."""
+    import torch
+
+    wrapper = _load(model_dir)
+    model = wrapper.encoder
+    if not (hasattr(model, "embeddings") and hasattr(model, "encoder")):
+        return wrapper
+
+    class DevicePortableTokenEmbeddings(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
+            hidden = self.model.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
+            blocked = (1.0 - attention_mask[:, None, None, :].to(hidden.dtype)) * torch.finfo(hidden.dtype).min
+            return self.model.encoder(hidden, attention_mask=blocked).last_hidden_state
+
+    return DevicePortableTokenEmbeddings().eval()
+
+
+def fixed_devices(module) -> list[str]:
+    """The devices a TorchScript module's graph names as constants (where it would move tensors whatever device its
+    inputs and weights are on)."""
+    return sorted({line.split('value="')[1].split('"')[0] for line in str(module.inlined_graph).splitlines()
+                   if ": Device = prim::Constant[value=" in line})
+
+
 @producer("text-encoder-torchscript", libraries=("torch", "transformers"), code=(Path(torchscript.__file__),))
 def encoder_torchscript(out_dir: Path, source: SentenceTransformerSource) -> None:
-    """`model.pt`, traced with the inputs named like the forward's arguments (pytorch_libtorch's convention)."""
+    """`model.pt`, traced with the inputs named like the forward's arguments (pytorch_libtorch's convention); it runs
+    on whichever device its inputs are (a graph that fixes one is refused)."""
     import torch
 
     inputs = check_inputs(source)
     tensors = tuple(torch.from_numpy(inputs[n]) for n in source.input_names)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        traced = torch.jit.trace(_load(source.path), tensors, strict=False)
+        traced = torch.jit.trace(_load_device_portable(source.path), tensors, strict=False)
+    if devices := fixed_devices(traced):
+        raise RuntimeError(f"TorchScript export of {source.path}: its graph fixes the device {', '.join(devices)}, "
+                           f"so it would fail on any other (a GPU); export this model as ONNX instead")
     torchscript.save(traced, out_dir / "model.pt")
     with torch.inference_mode():
         actual = torch.jit.load(str(out_dir / "model.pt"))(*tensors).numpy()

@@ -478,6 +478,16 @@ def test_check_refuses_python_model_importing_beyond_numpy_when_no_environment_c
     assert check(root, server_has=lambda module: module == "tokenizers").ok  # a server whose Python has it
 
 
+def test_check_local_refuses_python_models_without_environment_when_this_python_has_numpy_2(tmp_path):
+    """The local Triton (2.51) runs them in this Python, whose numpy 2 its stub cannot read (containers.py)."""
+    root = write_repo(tmp_path / "repo")
+    local = {"python": "3.11", "server_has": lambda module: True}
+    assert check(root, **local, server_numpy="1.26.4").ok
+    (problem,) = check(root, **local, server_numpy="2.5.2").problems
+    assert (problem.file, problem.field) == ("pre/config.pbtxt", "parameters.EXECUTION_ENV_PATH")
+    assert "whose numpy 2.5.2 its python backend stub (Triton 2.51) reads wrongly" in problem.reason
+
+
 def test_check_refuses_an_environment_when_it_lacks_what_the_model_imports(tmp_path):
     root = write_repo(tmp_path / "repo", env_python="3.11")
     (root / "pre" / "1" / "model.py").write_text("import numpy\nimport tokenizers\n")

@@ -513,6 +513,22 @@ def test_cli_serve_refuses_in_one_line_when_the_temporary_folder_holds_a_space_t
     assert list((tmp_path / "my tmp").iterdir()) == []
 
 
+def test_cli_serve_refuses_in_one_line_when_this_python_has_numpy_2(tmp_path, monkeypatch, capsys):
+    """The local Triton's stub (2.51) binds numpy with pybind11 2.10 and reads numpy 2's arrays with a stride of 0:
+    served from a Python with numpy 2.5.2 (the lent GPU machine's), the tokenizer's stub aborted at its first request
+    reading the first byte of the text four times as its length."""
+    import tritonpack.server
+    from tests.mme_support import python_model_repository
+
+    repository = python_model_repository(tmp_path / "models", "m")
+    monkeypatch.setattr(tritonpack.server, "local_numpy_version", lambda: "2.5.2")
+    assert main(["serve", str(repository)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {repository} would not load: m_step/config.pbtxt: parameters.EXECUTION_ENV_PATH: "
+                           f"not set, so the local Triton runs the model in this Python, whose numpy 2.5.2")
+    assert "install numpy<2 into this Python (`pip install 'numpy<2'`)" in line
+
+
 def test_docker_command_names_the_container_the_repository_was_built_for(tmp_path):
     from tritonpack.containers import DEFAULT_CONTAINER, built_for, docker_command
 

@@ -7,15 +7,20 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import onnx
 import pytest
 
+import tritonpack.build.export_text_encoder as export_text_encoder
 from tritonpack.build.export_text_encoder import (
     _load,
+    check_inputs,
     encoder_onnx,
     encoder_packed,
+    encoder_torchscript,
+    fixed_devices,
     max_diff_on_real_tokens,
     pack,
     unpack,
@@ -87,6 +92,32 @@ def test_torchscript_export_has_the_same_bytes_and_no_debug_records_whoever_call
     assert (tmp_path / "direct" / "model.pt").read_bytes() == (tmp_path / "wrapped" / "model.pt").read_bytes()
     with zipfile.ZipFile(tmp_path / "direct" / "model.pt") as saved:
         assert not [name for name in saved.namelist() if name.endswith(".debug_pkl")]
+
+
+def test_torchscript_export_fixes_no_device_when_traced_on_the_cpu(tiny_model, tmp_path):
+    """transformers' attention mask, traced as it is, moves a constant to the tracing device (the CPU here): the GPU
+    run served bert_pt's model.pt on CUDA and every request failed ("found at least two devices, cuda:0 and cpu")."""
+    import torch
+
+    source = SentenceTransformerSource.resolve(str(tiny_model))
+    inputs = check_inputs(source)
+    tensors = tuple(torch.from_numpy(inputs[n]) for n in source.input_names)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's warnings about transformers' Python-level shape logic
+        assert fixed_devices(torch.jit.trace(_load(source.path), tensors, strict=False)) == ["cpu"]
+    encoder_torchscript(tmp_path, source=source)  # checks itself against the PyTorch forward, padding included
+    exported = torch.jit.load(str(tmp_path / "model.pt"))
+    assert fixed_devices(exported) == []
+    with torch.inference_mode():
+        expected = _load(source.path)(*tensors).numpy()
+        assert max_diff_on_real_tokens(expected, exported(*tensors).numpy(), inputs["attention_mask"]) < 1e-5
+
+
+def test_torchscript_export_refuses_a_graph_that_fixes_a_device(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(export_text_encoder, "_load_device_portable", _load)  # transformers' own mask, traced
+    with pytest.raises(RuntimeError, match="its graph fixes the device cpu, so it would fail on any other"):
+        encoder_torchscript(tmp_path, source=SentenceTransformerSource.resolve(str(tiny_model)))
+    assert not (tmp_path / "model.pt").exists()
 
 
 def test_max_diff_ignores_padded_positions_when_they_differ():

@@ -34,6 +34,9 @@ CONTAINER_PYTHON: tuple[tuple[str, str, str], ...] = (
 # 2.51 (docs/performance.md, fourteenth round). Later releases are not known either way.
 NUMPY1_STUB_LAST = "24.11"
 
+# The release of the tritonserver that nvidia-pytriton 0.7.0 bundles (Triton 2.51): the local Triton.
+LOCAL_TRITON_RELEASE = "24.10"
+
 
 # What the SageMaker container's start script (`docker/sagemaker/serve`) passes to tritonserver when a variable of
 # the container environment is not set: python backend shared memory of 16 MB, growing by 1 MB.

@@ -46,6 +46,16 @@ def local_python_has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+def local_numpy_version() -> str | None:
+    """numpy's version in the local stub's Python (this interpreter's environment), None without numpy."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("numpy")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def pytriton_root() -> Path:
     import pytriton
 

@@ -23,11 +23,12 @@ __all__ = ["CheckReport", "Tree", "add_command", "check", "check_tree", "cmd_che
 
 def check(path: Path, limits: ArchiveLimits | None = None, python: str | None = None,
           container: str | None = None, deep: bool = False,
-          server_has: Callable[[str], bool] | None = None) -> CheckReport:
+          server_has: Callable[[str], bool] | None = None, server_numpy: str | None = None) -> CheckReport:
     """Problems (deployment would fail) and warnings of a repository folder or MME tarball; with `deep`, also what
     each native model's backend would answer about its artifact (`report.unchecked` says what could not be
     checked here). `server_has(module)`: whether the server's own Python has a module a python model imports
-    without a packed environment (default: a stock Triton container's Python, which has numpy only)."""
+    without a packed environment (default: a stock Triton container's Python, which has numpy only);
+    `server_numpy`: the numpy version of that Python, where it is the local Triton's."""
     path = Path(path)
     limits = limits or ArchiveLimits()
     if path.is_dir():
@@ -39,7 +40,8 @@ def check(path: Path, limits: ArchiveLimits | None = None, python: str | None = 
     else:
         what = "not a regular file or folder" if path.exists() else "no such file or folder"
         return CheckReport(str(path), [Problem(str(path), "path", what)])
-    report = check_tree(tree, path.name, python=python, container=container, server_has=server_has)
+    report = check_tree(tree, path.name, python=python, container=container, server_has=server_has,
+                        server_numpy=server_numpy)
     report.path = str(path)
     report.problems[:0] = problems
     if deep:

@@ -18,7 +18,7 @@ from google.protobuf import text_format
 from tritonpack.archive import Problem
 from tritonpack.backends import ENV_PARAMETER, LOADED_FILES, MODEL_DIR_VAR, PLATFORMS
 from tritonpack.check.tree import Tree, is_version_folder
-from tritonpack.containers import container_python, manifest_container, stub_needs_numpy1
+from tritonpack.containers import LOCAL_TRITON_RELEASE, container_python, manifest_container, stub_needs_numpy1
 from tritonpack.spec import config_parameters, parse_config
 from tritonpack.wiring import wiring_problems
 
@@ -72,22 +72,24 @@ class StubTarget:
     python: str | None
     source: str = ""
     container: str | None = None
+    server_numpy: str | None = None  # local checks: the numpy of the Python that runs models without an environment
 
 
-def stub_target(manifest: dict | None, python: str | None, container: str | None, local: bool = False) -> StubTarget:
+def stub_target(manifest: dict | None, python: str | None, container: str | None, local: bool = False,
+                server_numpy: str | None = None) -> StubTarget:
     release = container or manifest_container(manifest)  # a malformed --container fails in container_python
     if python:
         return StubTarget(python, "--local: the local Triton's stub runs this interpreter" if local else "--python",
-                          release)
+                          release, server_numpy)
     if container:
-        return StubTarget(container_python(container), f"Triton container {container}", container)
+        return StubTarget(container_python(container), f"Triton container {container}", container, server_numpy)
     if manifest and re.fullmatch(r"3\.\d+", declared := str(manifest.get("python_version"))):
-        return StubTarget(declared, "manifest.json python_version", release)
-    return StubTarget(None, "", release)
+        return StubTarget(declared, "manifest.json python_version", release, server_numpy)
+    return StubTarget(None, "", release, server_numpy)
 
 
 def check_tree(tree: Tree, label: str, python: str | None = None, container: str | None = None,
-               server_has: Callable[[str], bool] | None = None) -> CheckReport:
+               server_has: Callable[[str], bool] | None = None, server_numpy: str | None = None) -> CheckReport:
     report = CheckReport(label)
     problems, warnings = report.problems, report.warnings
     top_dirs, top_files = tree.children("")
@@ -100,7 +102,7 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
         except (KeyError, ValueError) as e:
             problems.append(Problem("manifest.json", "file", f"not readable JSON: {e}"))
             manifest = None
-    target = stub_target(manifest, python, container, local=server_has is not None)
+    target = stub_target(manifest, python, container, local=server_has is not None, server_numpy=server_numpy)
     no_env_fix = _no_environment_fix(manifest)
 
     configs = {}
@@ -398,6 +400,11 @@ def _env_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: li
     if target.python and (absent := _stdlib_problems(sources, target)):
         return absent
     if ENV_PARAMETER not in cfg.parameters:
+        if _numpy_major(target.server_numpy) >= 2 and stub_needs_numpy1(LOCAL_TRITON_RELEASE):
+            return [Problem(config_path, where, f"not set, so the local Triton runs the model in this Python, whose "
+                                                f"numpy {target.server_numpy} its python backend stub (Triton 2.51) "
+                                                f"reads wrongly: every request would abort the stub; install numpy<2 "
+                                                f"into this Python (`pip install 'numpy<2'`)")]
         needs = {module for module in needs if not server_has(module)}
         if not needs:
             return []
@@ -442,11 +449,15 @@ def _env_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: li
         return [Problem(config_path, where, f"{resolved} lacks {', '.join(sorted(missing))}, which the model "
                                             f"imports")]
     numpy = env.distributions.get("numpy")
-    if numpy and int(re.match(r"\d+", numpy)[0]) >= 2 and target.container and stub_needs_numpy1(target.container):
+    if _numpy_major(numpy) >= 2 and target.container and stub_needs_numpy1(target.container):
         return [Problem(resolved, "numpy", f"env has numpy {numpy}, but the python backend stub of Triton container "
                                            f"{target.container} aborts with numpy 2: pin numpy<2 in "
                                            f"envs/*/environment.yml and rebuild")]
     return []
+
+
+def _numpy_major(version: str | None) -> int:
+    return int(re.match(r"\d+", version)[0]) if version else 0
 
 
 def _manifest_problems(tree: Tree, manifest: dict, ensemble: str | None) -> list[Problem]:
