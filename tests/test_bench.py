@@ -280,3 +280,31 @@ def test_served_over_same_encoder_row_names_what_each_sides_encoder_computes():
     row, = (r for r in report.summary_rows({"served_over_same_encoder": same}) if r["target"] is not None)
     assert row["what"] == "served bert (openvino, precision unknown; packed ≤ 256 tokens) ÷ its own encoder " \
         "in-process (openvino bf16, bf16+f32 up to 16 tokens; packed ≤ 256 tokens), 32 sentences/request, c=1"
+
+
+def test_gpu_run_widens_the_carried_fp16_planes_back_to_the_weights_rounded_to_fp16():
+    import safetensors.torch
+    import torch
+
+    from benchmarks.gpu_run import widen
+
+    weights = {"a": torch.randn(5, 3), "odd": torch.randn(7)}
+    fp16 = np.frombuffer(safetensors.torch.save({k: v.half() for k, v in weights.items()}), np.uint8)
+    even = len(fp16) - len(fp16) % 2
+    planes = fp16[:even].reshape(-1, 2).T.tobytes() + fp16[even:].tobytes()  # as `carry_model` writes them
+    widened = widen(planes)
+    assert {k: v.dtype for k, v in widened.items()} == {"a": torch.float32, "odd": torch.float32}
+    for name, tensor in weights.items():
+        assert torch.equal(widened[name], tensor.half().float())
+
+
+def test_gpu_run_client_gets_the_served_embeddings_tritonclient_gets(served):
+    """The GPU run's own HTTP client (no tritonclient there): binary texts in, binary embeddings out."""
+    from benchmarks.gpu_run import Client, served_run
+    from tritonpack.client import embed
+
+    server = served("bert_pt")
+    texts = ["Hello world", "Ünïcödé and emoji 🚀", ""]
+    np.testing.assert_array_equal(Client(server.url, "bert_pt").embed(texts), embed(server.url, "bert_pt", texts))
+    run = served_run(server.url, "bert_pt", [[t] for t in texts * 4], concurrency=3)
+    assert run["errors"] == 0 and run["sentences_per_s"] > 0
