@@ -237,13 +237,6 @@ def _load_device_portable(model_dir: Path):
     return DevicePortableTokenEmbeddings().eval()
 
 
-def fixed_devices(module) -> list[str]:
-    """The devices a TorchScript module's graph names as constants (where it would move tensors whatever device its
-    inputs and weights are on)."""
-    return sorted({line.split('value="')[1].split('"')[0] for line in str(module.inlined_graph).splitlines()
-                   if ": Device = prim::Constant[value=" in line})
-
-
 @producer("text-encoder-torchscript", libraries=("torch", "transformers"), code=(Path(torchscript.__file__),))
 def encoder_torchscript(out_dir: Path, source: SentenceTransformerSource) -> None:
     """`model.pt`, traced with the inputs named like the forward's arguments (pytorch_libtorch's convention); it runs
@@ -255,7 +248,7 @@ def encoder_torchscript(out_dir: Path, source: SentenceTransformerSource) -> Non
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         traced = torch.jit.trace(_load_device_portable(source.path), tensors, strict=False)
-    if devices := fixed_devices(traced):
+    if devices := torchscript.fixed_devices(traced):
         raise RuntimeError(f"TorchScript export of {source.path}: its graph fixes the device {', '.join(devices)}, "
                            f"so it would fail on any other (a GPU); export this model as ONNX instead")
     torchscript.save(traced, out_dir / "model.pt")

@@ -1,4 +1,5 @@
-"""TorchScript files whose bytes depend on the model alone (`save`), for the exports that write `model.pt`."""
+"""TorchScript files whose bytes depend on the model alone (`save`), for the exports that write `model.pt`, and
+the devices a module's graph fixes (`fixed_devices`), which the export and `check --deep` refuse."""
 
 from __future__ import annotations
 
@@ -41,6 +42,13 @@ def save(module, path: Path) -> Path:
     finally:
         rewritten.unlink(missing_ok=True)
     return path
+
+
+def fixed_devices(module) -> list[str]:
+    """The devices a TorchScript module's graph names as constants: it moves tensors there whatever device its
+    inputs and weights are on (a trace records the device it ran on, e.g. where transformers builds a mask)."""
+    return sorted({line.split('value="')[1].split('"')[0] for line in str(module.inlined_graph).splitlines()
+                   if ": Device = prim::Constant[value=" in line})
 
 
 def _padding(data_offset_without_extra: int) -> bytes:

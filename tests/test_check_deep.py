@@ -557,3 +557,36 @@ def test_model_spec_renders_plan_per_compute_capability_when_given():
     for bad in ({"sm86": "a.plan"}, {"8.6": "../a.plan"}, {"8.6": ""}):
         with pytest.raises(SpecError, match="cc_model_filenames"):
             ModelSpec(**fields, cc_model_filenames=bad)
+
+
+def test_check_deep_refuses_a_torchscript_whose_graph_fixes_the_cpu_when_it_runs_on_the_gpu(native_repository,
+                                                                                              tmp_path):
+    """bert_pt's model.pt as exports before the thirty-sixth round traced it (transformers' mask moved to the tracing
+    device): served on a GPU it failed every request. The CPU target runs it where it was traced."""
+    import warnings
+
+    import torch
+
+    from tritonpack.build import torchscript
+    from tritonpack.build.export_text_encoder import _load, check_inputs
+    from tritonpack.build.text_source import SentenceTransformerSource
+
+    source = SentenceTransformerSource.resolve(None)
+    inputs = check_inputs(source)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's warnings about transformers' Python-level shape logic
+        traced = torch.jit.trace(_load(source.path), tuple(torch.from_numpy(inputs[n]) for n in source.input_names),
+                                 strict=False)
+    for target in ("gpu", "cpu"):
+        repo = hand_assembled(native_repository("bert_pt", target), tmp_path / target)
+        assert check(repo, deep=True).ok  # as built now
+        (repo / "bert_pt_encoder" / "1" / "model.pt").unlink()  # a hard link to the built artifact
+        torchscript.save(traced, repo / "bert_pt_encoder" / "1" / "model.pt")
+        report = check(repo, deep=True)
+        if target == "cpu":
+            assert report.ok, report.problems
+            continue
+        [problem] = report.problems
+        assert (problem.file, problem.field) == ("bert_pt_encoder/1/model.pt", "file")
+        assert problem.reason.startswith("its graph moves tensors to cpu whatever device they are on (fixed when it "
+                                         "was traced), so on KIND_GPU forward() fails")

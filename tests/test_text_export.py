@@ -20,12 +20,12 @@ from tritonpack.build.export_text_encoder import (
     encoder_onnx,
     encoder_packed,
     encoder_torchscript,
-    fixed_devices,
     max_diff_on_real_tokens,
     pack,
     unpack,
 )
 from tritonpack.build.text_source import SentenceTransformerSource
+from tritonpack.build.torchscript import fixed_devices
 from tritonpack.builder import BuildRequest, build
 from tritonpack.client import embed
 from tritonpack.errors import SpecError

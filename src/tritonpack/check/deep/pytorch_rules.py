@@ -48,6 +48,7 @@ def check_pytorch(model: DeepModel, out: Findings) -> None:
     arguments = [a for a in module.forward.schema.arguments if a.type.kind() != "ClassType"]  # not `self`
     before = len(out.problems)
     _check_types(model, out)
+    _check_fixed_devices(model, out, module)
     if len(arguments) == 1 and arguments[0].type.kind() == "DictType":  # the config's names are the keys
         if len(out.problems) == before:
             _trial_run(model, out, module, None, 1)
@@ -59,6 +60,22 @@ def check_pytorch(model: DeepModel, out: Findings) -> None:
         _check_input_positions(model, out, convention, positions, names)
     if len(out.problems) == before:
         _trial_run(model, out, module, positions, len(arguments))
+
+
+def _check_fixed_devices(model: DeepModel, out: Findings, module) -> None:
+    """A graph that fixes a device (a trace records the one it ran on) fails where the backend runs it on another:
+    bert_pt's model.pt traced on the CPU failed every request on a GPU (docs/performance.md, thirty-sixth round)."""
+    from tritonpack.build.torchscript import fixed_devices
+
+    devices, kinds = fixed_devices(module), model.instance_kinds
+    what = f"its graph moves tensors to {', '.join(devices)} whatever device they are on (fixed when it was traced)"
+    elsewhere = {kind for kind, device in (("KIND_GPU", "cpu"), ("KIND_CPU", "cuda")) if kind in kinds
+                 and any(d.startswith(device) for d in devices)}
+    if elsewhere:
+        out.request_fails("file", f"{what}, so on {', '.join(sorted(elsewhere))} forward() fails with \"Expected all "
+                                  f"tensors to be on the same device\"; export it again where it traces no device")
+    elif devices and "KIND_AUTO" in kinds:
+        out.warning("file", f"{what}: where Triton places it on another device (KIND_AUTO), forward() fails")
 
 
 def _check_signature(model: DeepModel, out: Findings, arguments) -> None:
