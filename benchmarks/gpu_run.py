@@ -3,7 +3,7 @@ TorchScript on a CUDA GPU, against sentence-transformers on the same GPU.
 
 Two halves, because the lent GPU machine has CUDA torch, Python 3.12 and no network, and takes 64 MiB per call:
 
-    python -m benchmarks.gpu_run carry        # here: writes .gpu/ (about 60 MB)
+    python -m benchmarks.gpu_run carry        # here: writes .gpu/ (about 63 MiB with the checkout)
     python3 -m benchmarks.gpu_run run OUT     # there, from the checkout with .gpu/ carried: results in OUT/
 
 `carry` packs what that machine lacks: the bundled tritonserver with the python backend, its 3.12 stub and the
