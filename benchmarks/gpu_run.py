@@ -31,11 +31,14 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks import meters
+from benchmarks.meters import Run, side_summary
+from benchmarks.sides import ConcurrentClients, cosine_min
 
 ROOT = Path(__file__).resolve().parent.parent
 CARRY = ROOT / ".gpu"
@@ -240,52 +243,8 @@ class Client:
         offset = int(response.getheader("Inference-Header-Content-Length"))
         return np.frombuffer(body[offset:], np.float32).reshape(len(texts), -1)
 
-
-def served_run(url: str, model: str, requests: list[list[str]], concurrency: int) -> dict:
-    """`requests` sent by `concurrency` clients (each its own connection), sentences/s and latency percentiles."""
-    latencies: list[float] = []
-    pending = iter(requests)
-    lock = threading.Lock()
-    errors: list[str] = []
-
-    def worker() -> None:
-        client = Client(url, model)
-        while True:
-            with lock:
-                batch = next(pending, None)
-            if batch is None:
-                return
-            t = time.perf_counter()
-            try:
-                client.embed(batch)
-            except Exception as e:  # noqa: BLE001 - counted and reported; the run goes on
-                errors.append(str(e))
-                continue
-            with lock:
-                latencies.append(1000 * (time.perf_counter() - t))
-
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
-    latencies.sort()
-    return {"sentences_per_s": sum(map(len, requests)) / wall, "p50_ms": latencies[len(latencies) // 2],
-            "p99_ms": latencies[int(len(latencies) * 0.99)], "errors": len(errors), "first_error": errors[:1]}
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True)
-    return float((a * b).sum(axis=1).min())
-
-
-def best_of(runs: list[dict]) -> dict:
-    """The median run by throughput, with every repetition's throughput."""
-    ordered = sorted(runs, key=lambda r: r["sentences_per_s"])
-    return {**ordered[len(ordered) // 2], "repetitions": [round(r["sentences_per_s"], 1) for r in runs]}
+    def close(self) -> None:
+        self.connection.close()
 
 
 def in_process(model: Path, reference: dict, precisions: tuple[str, ...], repetitions: int) -> dict:
@@ -305,9 +264,9 @@ def in_process(model: Path, reference: dict, precisions: tuple[str, ...], repeti
             t = time.perf_counter()
             st.encode(texts, batch_size=64, normalize_embeddings=True)
             torch.cuda.synchronize()
-            runs.append({"sentences_per_s": len(texts) / (time.perf_counter() - t)})
+            runs.append(Run(len(texts), time.perf_counter() - t))
         held = st.encode(list(reference["held"]), batch_size=64, normalize_embeddings=True)
-        results[precision] = {**best_of(runs), "min_cosine": cosine(held, reference["original"])}
+        results[precision] = {**side_summary(runs), "min_cosine": cosine_min(held, reference["original"])}
     del st
     torch.cuda.empty_cache()
     return results
@@ -347,20 +306,23 @@ def served(repository: Path, reference: dict, concurrencies: tuple[int, ...], re
     server.start()
     result["ready_s"] = time.perf_counter() - t
 
+    clients = ConcurrentClients(lambda: Client(server.url, "bert_pt"))
+
     def timed(requests: list[list[str]], c: int) -> dict:
-        return best_of([served_run(server.url, "bert_pt", requests, c) for _ in range(repetitions)])
+        return side_summary([clients.send(requests, c)[0] for _ in range(repetitions)])
 
     try:
         client = Client(server.url, "bert_pt")
-        result["min_cosine"] = cosine(np.concatenate([client.embed([h]) for h in reference["held"]]),
-                                      reference["original"])
-        served_run(server.url, "bert_pt", singles[:256], 8)  # warm-up
+        result["min_cosine"] = cosine_min(np.concatenate([client.embed([h]) for h in reference["held"]]),
+                                          reference["original"])
+        clients.send(singles[:256], 8)  # warm-up
         for c in concurrencies:
             result["by_concurrency"][c] = timed(singles[:SINGLE_CLIENT_SENTENCES] if c == 1 else singles, c)
             print(f"  {label} c={c}: {result['by_concurrency'][c]}", flush=True)
         result["requests_of_32"] = {1: timed([texts[i:i + 32] for i in range(0, len(texts), 32)], 1)}
         result["gpu_memory_mb"] = gpu_memory_mb()
     finally:
+        clients.close()
         server.stop()
     return result
 
@@ -382,10 +344,7 @@ def machine() -> dict:
 
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "?")
-    return {"gpu": smi, "torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
-            "cpu": cpu, "cpus": os.cpu_count()}
+    return {**meters.machine(), "gpu": smi, "torch": torch.__version__, "cuda": torch.version.cuda}
 
 
 def libpython_folders() -> list[str]:
@@ -437,7 +396,7 @@ def run(out: Path, concurrency: tuple[int, ...], repetitions: int, precisions: t
 
 def summary(report: dict) -> str:
     lines = [json.dumps(report["machine"])]
-    fp32 = report["in_process"].get("fp32", {}).get("sentences_per_s")
+    fp32 = report["in_process"].get("fp32", {}).get("throughput_median")
     lines.append(f"in-process sentence-transformers b64: {report['in_process']}")
     for label in ("served_batching", "served_unbatched"):
         s = report.get(label, {})
@@ -447,11 +406,11 @@ def summary(report: dict) -> str:
         lines.append(f"{label}: ready {s['ready_s']:.1f} s, min cosine {s['min_cosine']:.6f}, "
                      f"GPU MiB by pid {s['gpu_memory_mb']}")
         for c, r in s["by_concurrency"].items():
-            versus = f" ({r['sentences_per_s'] / fp32:.2f}x fp32 in-process)" if fp32 else ""
-            lines.append(f"  c={c}: {r['sentences_per_s']:.0f}/s{versus} p50 {r['p50_ms']:.1f} ms "
-                         f"p99 {r['p99_ms']:.1f} ms errors {r['errors']}")
+            versus = f" ({r['throughput_median'] / fp32:.2f}x fp32 in-process)" if fp32 else ""
+            lines.append(f"  c={c}: {r['throughput_median']:.0f}/s{versus} p50 {r['latency_p50_ms']:.1f} ms "
+                         f"p99 {r['latency_p99_ms']:.1f} ms")
         for c, r in s.get("requests_of_32", {}).items():
-            lines.append(f"  32 per request c={c}: {r['sentences_per_s']:.0f}/s p50 {r['p50_ms']:.1f} ms")
+            lines.append(f"  32 per request c={c}: {r['throughput_median']:.0f}/s p50 {r['latency_p50_ms']:.1f} ms")
     return "\n".join(lines)
 
 

@@ -215,8 +215,8 @@ def _load_device_portable(model_dir: Path):
     """`_load`'s forward with the additive attention mask made from the inputs' own device. transformers builds it
     from a constant placed on the device the model is on, which a trace then fixes in the graph: a TorchScript traced
     here on the CPU failed on the GPU ("Expected all tensors to be on the same device, … cuda:0 and cpu",
-    docs/performance.md, GPU runs). Models without BERT's embeddings/encoder split keep transformers' own mask (and
-    `encoder_torchscript` refuses a graph that fixes a device)."""
+    docs/performance.md, thirty-sixth round). Models without BERT's embeddings/encoder split keep transformers' own
+    mask (and `encoder_torchscript` refuses a graph that fixes a device)."""
     import torch
 
     wrapper = _load(model_dir)

@@ -300,11 +300,16 @@ def test_gpu_run_widens_the_carried_fp16_planes_back_to_the_weights_rounded_to_f
 
 def test_gpu_run_client_gets_the_served_embeddings_tritonclient_gets(served):
     """The GPU run's own HTTP client (no tritonclient there): binary texts in, binary embeddings out."""
-    from benchmarks.gpu_run import Client, served_run
+    from benchmarks.gpu_run import Client
+    from benchmarks.sides import ConcurrentClients
     from tritonpack.client import embed
 
     server = served("bert_pt")
     texts = ["Hello world", "Ünïcödé and emoji 🚀", ""]
     np.testing.assert_array_equal(Client(server.url, "bert_pt").embed(texts), embed(server.url, "bert_pt", texts))
-    run = served_run(server.url, "bert_pt", [[t] for t in texts * 4], concurrency=3)
-    assert run["errors"] == 0 and run["sentences_per_s"] > 0
+    clients = ConcurrentClients(lambda: Client(server.url, "bert_pt"))
+    try:
+        run, answers = clients.send([[t] for t in texts * 4], concurrency=3)  # an error raises
+    finally:
+        clients.close()
+    assert len(answers) == 12 and run.per_second > 0

@@ -199,9 +199,9 @@ def refuse_what_would_not_load(repository: Path) -> None:
     one Triton would refuse) is said in one line, not in tritonserver's log after a start that fails or serves
     nothing."""
     from tritonpack.check import check
-    from tritonpack.server import PYTHON_VERSION, local_numpy_version, local_python_has
+    from tritonpack.server import PYTHON_VERSION, local_server_python
 
-    report = check(repository, python=PYTHON_VERSION, server_has=local_python_has, server_numpy=local_numpy_version())
+    report = check(repository, python=PYTHON_VERSION, **local_server_python())
     if report.problems:
         more = f" (and {len(report.problems) - 1} more)" if len(report.problems) > 1 else ""
         raise UserError(f"{repository} would not load: {report.problems[0]}{more}; `tritonpack check {repository} "

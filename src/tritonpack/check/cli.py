@@ -30,12 +30,11 @@ def cmd_check(args) -> int:
             raise UserError(f"--{field.replace('_', '-')} must be at least 1, got {value}")
     limits = ArchiveLimits(**{field: value for field, value in given.items() if value is not None})
     if args.local:  # the bundled Triton: its stub runs this interpreter, whose packages the models may use
-        from tritonpack.server import PYTHON_VERSION, local_numpy_version, local_python_has
+        from tritonpack.server import PYTHON_VERSION, local_server_python
 
         # a folder as `tritonpack serve` runs it; a tarball as the local MME checks it before loading
         python = PYTHON_VERSION if path.is_dir() else None
-        report = check(path, limits, python=python, deep=args.deep, server_has=local_python_has,
-                       server_numpy=local_numpy_version())
+        report = check(path, limits, python=python, deep=args.deep, **local_server_python())
     else:
         report = check(path, limits, python=args.python, container=args.container, deep=args.deep)
     for problem in report.problems:

@@ -11,7 +11,7 @@ import posixpath
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from google.protobuf import text_format
 
@@ -75,17 +75,16 @@ class StubTarget:
     server_numpy: str | None = None  # local checks: the numpy of the Python that runs models without an environment
 
 
-def stub_target(manifest: dict | None, python: str | None, container: str | None, local: bool = False,
-                server_numpy: str | None = None) -> StubTarget:
+def stub_target(manifest: dict | None, python: str | None, container: str | None, local: bool = False) -> StubTarget:
     release = container or manifest_container(manifest)  # a malformed --container fails in container_python
     if python:
         return StubTarget(python, "--local: the local Triton's stub runs this interpreter" if local else "--python",
-                          release, server_numpy)
+                          release)
     if container:
-        return StubTarget(container_python(container), f"Triton container {container}", container, server_numpy)
+        return StubTarget(container_python(container), f"Triton container {container}", container)
     if manifest and re.fullmatch(r"3\.\d+", declared := str(manifest.get("python_version"))):
-        return StubTarget(declared, "manifest.json python_version", release, server_numpy)
-    return StubTarget(None, "", release, server_numpy)
+        return StubTarget(declared, "manifest.json python_version", release)
+    return StubTarget(None, "", release)
 
 
 def check_tree(tree: Tree, label: str, python: str | None = None, container: str | None = None,
@@ -102,7 +101,7 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
         except (KeyError, ValueError) as e:
             problems.append(Problem("manifest.json", "file", f"not readable JSON: {e}"))
             manifest = None
-    target = stub_target(manifest, python, container, local=server_has is not None, server_numpy=server_numpy)
+    target = replace(stub_target(manifest, python, container, local=server_has is not None), server_numpy=server_numpy)
     no_env_fix = _no_environment_fix(manifest)
 
     configs = {}

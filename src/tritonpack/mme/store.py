@@ -239,7 +239,7 @@ class TargetStore:
     def _admit(self, target: str, version: str, in_use: Callable[[], Iterable[str]]) -> Path:
         from tritonpack.check import check
         from tritonpack.errors import ArchiveError
-        from tritonpack.server import local_numpy_version, local_python_has
+        from tritonpack.server import local_server_python
 
         staging = self.cache.staging_dir(target)
         try:
@@ -248,7 +248,7 @@ class TargetStore:
             self.metrics.observe("ModelDownloadingTime", time.monotonic() - started)
             # Judged for the container the tarball was built for (its manifest), by a server whose Python is this
             # interpreter's: python models may use its packages where the tarball carries no environment.
-            report = check(tarball, self.limits, server_has=local_python_has, server_numpy=local_numpy_version())
+            report = check(tarball, self.limits, **local_server_python())
             problems = report.problems
             if problems:
                 error = TargetError(400, f"{target} is not deployable", [str(p) for p in problems])
