@@ -275,6 +275,23 @@ def test_packing_bf16_session_falls_back_to_bf16_long_by_routing_without_compili
     assert routed.reopened("mixed") is not routed  # mixed leaves out the bf16 second half: opened anew
 
 
+def test_openvino_session_answers_stay_as_given_when_later_calls_of_other_lengths_reuse_its_requests(packed_ir,
+                                                                                                    sessions):
+    """A split session reads the first half's hidden state in place, from the request that computed it; what a call
+    returns must still be the caller's own after the same requests ran other pack lengths."""
+    source, ir = packed_ir
+    session = sessions["openvino"].open_session(str(ir["fp16"]), {"precision": "bf16-long", "max_pack_tokens": "256"})
+    groups = export_text_encoder.packs(tokens(source, SENTENCES[:24] + ["Thank you!", "ok", "a b c"]), 8,
+                                       session.short_tokens, session.short_pack_tokens)
+    assert len({feeds["input_ids"].shape[1] for feeds, _, _ in groups}) > 2
+    answers = [session(feeds, min(lengths))["EMBEDDING"] for feeds, lengths, _ in groups]
+    kept = [answer.copy() for answer in answers]
+    again = [session(feeds, min(lengths))["EMBEDDING"] for feeds, lengths, _ in reversed(groups)]
+    for answer, copy, later in zip(answers, kept, reversed(again), strict=True):
+        np.testing.assert_array_equal(answer, copy)  # not overwritten by the calls after it
+        np.testing.assert_array_equal(later, answer)  # whatever ran before it
+
+
 def test_openvino_session_answers_the_same_when_packs_run_on_two_streams_at_once(packed_ir, sessions):
     source, ir = packed_ir
     session = sessions["openvino"].open_session(str(ir["fp16"]), {"precision": "bf16", "threads": "2",

@@ -325,10 +325,12 @@ class OpenVinoSession:
         requests = self._idle.get()
         try:
             hidden = None
-            for stage in route:
-                # infer copies out of the request; a first half's one output is the next half's HIDDEN
+            for position, stage in enumerate(route):
+                # A first half's one output is the next half's HIDDEN, read in place while this call holds the
+                # requests; the last stage's outputs are copied out, as the requests serve other calls once idle.
                 result = requests[stage].infer({n: hidden if n == HIDDEN else inputs[n]
-                                                for n in self._stage_inputs[stage]})
+                                                for n in self._stage_inputs[stage]},
+                                               share_inputs=True, share_outputs=position < len(route) - 1)
                 hidden = next(iter(result.values()))
         finally:
             self._idle.put(requests)
