@@ -272,9 +272,17 @@ def in_process(model: Path, reference: dict, precisions: tuple[str, ...], repeti
     return results
 
 
+def nvidia_smi(query: str) -> str:
+    """nvidia-smi's CSV answer to `query`; "" where it is not installed (a rehearsal of the run on a CPU machine)."""
+    try:
+        return subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True,
+                              text=True).stdout.strip()
+    except FileNotFoundError:
+        return ""
+
+
 def gpu_memory_mb() -> dict[str, float]:
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True).stdout
+    out = nvidia_smi("--query-compute-apps=pid,used_memory")
     return {line.split(",")[0].strip(): float(line.split(",")[1]) for line in out.splitlines() if "," in line}
 
 
@@ -342,9 +350,8 @@ def build(model: Path, dist: Path, serving: list[str], out: Path) -> float:
 def machine() -> dict:
     import torch
 
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    return {**meters.machine(), "gpu": smi, "torch": torch.__version__, "cuda": torch.version.cuda}
+    gpu = nvidia_smi("--query-gpu=name,driver_version,memory.total") or "none (nvidia-smi not found)"
+    return {**meters.machine(), "gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda}
 
 
 def libpython_folders() -> list[str]:

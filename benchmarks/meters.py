@@ -88,11 +88,14 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def side_summary(runs: list[Run], unit: str = "sentences/s") -> dict:
+    """Median throughput and latency percentiles of a side's runs; per CPU-second over the runs that measured CPU
+    time (None where none did, as the GPU run's)."""
     latencies = [x for r in runs for x in r.latencies_ms]
+    cpu = [r.per_cpu_second for r in runs if r.per_cpu_second]
     return {
         "throughput_median": statistics.median(r.per_second for r in runs),
         "throughput_runs": [r.per_second for r in runs],
-        "per_cpu_second_median": statistics.median(r.per_cpu_second or 0 for r in runs),
+        "per_cpu_second_median": statistics.median(cpu) if cpu else None,
         "unit": unit,
         "latency_p50_ms": percentile(latencies, 50),
         "latency_p99_ms": percentile(latencies, 99),

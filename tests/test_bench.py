@@ -64,6 +64,13 @@ def test_ratio_summary_reports_the_median_of_paired_runs_when_alternated():
     assert summary["per_cpu_second_median"] == 1.5  # the run without CPU time is left out
 
 
+def test_side_summary_reports_per_cpu_second_only_over_runs_that_measured_cpu_time():
+    measured = meters.side_summary([Run(100, 1.0, [5.0], cpu_seconds=2.0), Run(100, 2.0, [7.0]),
+                                    Run(100, 1.0, [6.0], cpu_seconds=1.0)])
+    assert measured["throughput_median"] == 100 and measured["per_cpu_second_median"] == 75
+    assert meters.side_summary([Run(100, 1.0, [5.0])])["per_cpu_second_median"] is None  # not 0: not measured
+
+
 def test_alternate_reverses_the_order_every_other_repetition_when_given_three_sides():
     order = []
     tasks = {name: (lambda name=name: order.append(name) or Run(1, 1.0)) for name in "ABC"}
