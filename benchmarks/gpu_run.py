@@ -364,9 +364,15 @@ def libpython_folders() -> list[str]:
 
 
 def run(out: Path, concurrency: tuple[int, ...], repetitions: int, precisions: tuple[str, ...]) -> dict:
-    """Each stage's results are written to OUT/gpu.json as they come; a stage that fails is recorded, not fatal."""
+    """Each stage's results are written to OUT/gpu.json as they come; a stage that fails is recorded, not fatal. What
+    it unpacks and builds (~450 MB) is removed at the end."""
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="gpu-run-"))
+    with tempfile.TemporaryDirectory(prefix="gpu-run-", ignore_cleanup_errors=True) as folder:
+        return _run_stages(Path(folder), out, concurrency, repetitions, precisions)
+
+
+def _run_stages(work: Path, out: Path, concurrency: tuple[int, ...], repetitions: int,
+                precisions: tuple[str, ...]) -> dict:
     t = time.perf_counter()
     site, model = unpack(work)
     sys.path[:0] = [str(site)]
