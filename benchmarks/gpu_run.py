@@ -320,9 +320,8 @@ def served(repository: Path, reference: dict, concurrencies: tuple[int, ...], re
         return side_summary([clients.send(requests, c)[0] for _ in range(repetitions)])
 
     try:
-        client = Client(server.url, "bert_pt")
-        result["min_cosine"] = cosine_min(np.concatenate([client.embed([h]) for h in reference["held"]]),
-                                          reference["original"])
+        held = clients.send([[text] for text in reference["held"]], 1)[1]
+        result["min_cosine"] = cosine_min(np.concatenate(held), reference["original"])
         clients.send(singles[:256], 8)  # warm-up
         for c in concurrencies:
             result["by_concurrency"][c] = timed(singles[:SINGLE_CLIENT_SENTENCES] if c == 1 else singles, c)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tritonpack.archive import ArchiveLimits, Problem
-from tritonpack.check import check
+from tritonpack.check import ServerPython, check
 from tritonpack.cli import main
 from tritonpack.containers import container_python
 from tritonpack.repository import sha256_file, write_tarball
@@ -475,15 +475,14 @@ def test_check_refuses_python_model_importing_beyond_numpy_when_no_environment_c
     report = check(root)
     assert [(p.file, p.field) for p in report.problems] == [("pre/config.pbtxt", "parameters.EXECUTION_ENV_PATH")]
     assert "imports tokenizers, which the Triton container's Python lacks" in report.problems[0].reason
-    assert check(root, server_has=lambda module: module == "tokenizers").ok  # a server whose Python has it
+    assert check(root, server=ServerPython(lambda module: module == "tokenizers")).ok  # a server whose Python has it
 
 
 def test_check_local_refuses_python_models_without_environment_when_this_python_has_numpy_2(tmp_path):
     """The local Triton (2.51) runs them in this Python, whose numpy 2 its stub cannot read (containers.py)."""
     root = write_repo(tmp_path / "repo")
-    local = {"python": "3.11", "server_has": lambda module: True}
-    assert check(root, **local, server_numpy="1.26.4").ok
-    (problem,) = check(root, **local, server_numpy="2.5.2").problems
+    assert check(root, python="3.11", server=ServerPython(lambda module: True, "1.26.4")).ok
+    (problem,) = check(root, python="3.11", server=ServerPython(lambda module: True, "2.5.2")).problems
     assert (problem.file, problem.field) == ("pre/config.pbtxt", "parameters.EXECUTION_ENV_PATH")
     assert "whose numpy 2.5.2 its python backend stub (Triton 2.51) reads wrongly" in problem.reason
 

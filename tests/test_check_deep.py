@@ -23,8 +23,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from tests.conftest import FAKE_PLAN, NEEDS_TENSORRT
 from tritonpack.archive import Problem
+from tritonpack.check import ServerPython, deep_problems
 from tritonpack.check import check as check_for_container
-from tritonpack.check import deep_problems
 from tritonpack.cli import main
 from tritonpack.repository import write_tarball
 from tritonpack.server import local_python_has
@@ -48,7 +48,7 @@ def native_repository(build_ensemble, given_plan):
 def check(path: Path, **options):
     """`tritonpack check --local`: this file is about native models; the python steps (tokenizer, pooling) run in the
     local Python here, as in `tritonpack serve`, so they need no packed environment."""
-    return check_for_container(path, server_has=local_python_has, **options)
+    return check_for_container(path, server=ServerPython(local_python_has), **options)
 
 
 def hand_assembled(source: Path, dest: Path) -> Path:

@@ -201,7 +201,7 @@ def refuse_what_would_not_load(repository: Path) -> None:
     from tritonpack.check import check
     from tritonpack.server import PYTHON_VERSION, local_server_python
 
-    report = check(repository, python=PYTHON_VERSION, **local_server_python())
+    report = check(repository, python=PYTHON_VERSION, server=local_server_python())
     if report.problems:
         more = f" (and {len(report.problems) - 1} more)" if len(report.problems) > 1 else ""
         raise UserError(f"{repository} would not load: {report.problems[0]}{more}; `tritonpack check {repository} "

@@ -56,10 +56,11 @@ def local_numpy_version() -> str | None:
         return None
 
 
-def local_server_python() -> dict:
-    """`check`'s description of the Python the local Triton runs models without an environment in (this
-    interpreter's): what it imports and its numpy."""
-    return {"server_has": local_python_has, "server_numpy": local_numpy_version()}
+def local_server_python():
+    """The Python the local Triton runs models without an environment in (this interpreter's), as `check` takes it."""
+    from tritonpack.check import ServerPython
+
+    return ServerPython(local_python_has, local_numpy_version())
 
 
 def pytriton_root() -> Path:

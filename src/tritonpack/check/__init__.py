@@ -9,26 +9,24 @@ temporary folder for that, and nowhere else.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 from tritonpack.archive import ArchiveLimits, Problem
 from tritonpack.check.cli import add_command, cmd_check
-from tritonpack.check.structure import CheckReport, check_tree
+from tritonpack.check.structure import CheckReport, ServerPython, check_tree
 from tritonpack.check.tree import Tree, inspect_env, read_folder, read_tarball
 
-__all__ = ["CheckReport", "Tree", "add_command", "check", "check_tree", "cmd_check", "deep_problems",
+__all__ = ["CheckReport", "ServerPython", "Tree", "add_command", "check", "check_tree", "cmd_check", "deep_problems",
            "inspect_env"]
 
 
 def check(path: Path, limits: ArchiveLimits | None = None, python: str | None = None,
           container: str | None = None, deep: bool = False,
-          server_has: Callable[[str], bool] | None = None, server_numpy: str | None = None) -> CheckReport:
+          server: ServerPython | None = None) -> CheckReport:
     """Problems (deployment would fail) and warnings of a repository folder or MME tarball; with `deep`, also what
     each native model's backend would answer about its artifact (`report.unchecked` says what could not be
-    checked here). `server_has(module)`: whether the server's own Python has a module a python model imports
-    without a packed environment (default: a stock Triton container's Python, which has numpy only);
-    `server_numpy`: the numpy version of that Python, where it is the local Triton's."""
+    checked here). `server`: the Python a python model without a packed environment runs in (default: a stock
+    Triton container's, which has numpy only)."""
     path = Path(path)
     limits = limits or ArchiveLimits()
     if path.is_dir():
@@ -40,8 +38,7 @@ def check(path: Path, limits: ArchiveLimits | None = None, python: str | None = 
     else:
         what = "not a regular file or folder" if path.exists() else "no such file or folder"
         return CheckReport(str(path), [Problem(str(path), "path", what)])
-    report = check_tree(tree, path.name, python=python, container=container, server_has=server_has,
-                        server_numpy=server_numpy)
+    report = check_tree(tree, path.name, python=python, container=container, server=server)
     report.path = str(path)
     report.problems[:0] = problems
     if deep:

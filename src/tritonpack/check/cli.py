@@ -34,7 +34,7 @@ def cmd_check(args) -> int:
 
         # a folder as `tritonpack serve` runs it; a tarball as the local MME checks it before loading
         python = PYTHON_VERSION if path.is_dir() else None
-        report = check(path, limits, python=python, deep=args.deep, **local_server_python())
+        report = check(path, limits, python=python, deep=args.deep, server=local_server_python())
     else:
         report = check(path, limits, python=args.python, container=args.container, deep=args.deep)
     for problem in report.problems:

@@ -11,7 +11,7 @@ import posixpath
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from google.protobuf import text_format
 
@@ -72,7 +72,17 @@ class StubTarget:
     python: str | None
     source: str = ""
     container: str | None = None
-    server_numpy: str | None = None  # local checks: the numpy of the Python that runs models without an environment
+
+
+@dataclass(frozen=True)
+class ServerPython:
+    """The Python a server runs python models without a packed environment in: whether it imports a module, and its
+    numpy version where known (the local Triton's)."""
+    has: Callable[[str], bool]
+    numpy: str | None = None
+
+
+STOCK_CONTAINER_PYTHON = ServerPython(lambda module: False)  # numpy only, which python models may always import
 
 
 def stub_target(manifest: dict | None, python: str | None, container: str | None, local: bool = False) -> StubTarget:
@@ -88,7 +98,7 @@ def stub_target(manifest: dict | None, python: str | None, container: str | None
 
 
 def check_tree(tree: Tree, label: str, python: str | None = None, container: str | None = None,
-               server_has: Callable[[str], bool] | None = None, server_numpy: str | None = None) -> CheckReport:
+               server: ServerPython | None = None) -> CheckReport:
     report = CheckReport(label)
     problems, warnings = report.problems, report.warnings
     top_dirs, top_files = tree.children("")
@@ -101,7 +111,7 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
         except (KeyError, ValueError) as e:
             problems.append(Problem("manifest.json", "file", f"not readable JSON: {e}"))
             manifest = None
-    target = replace(stub_target(manifest, python, container, local=server_has is not None), server_numpy=server_numpy)
+    target = stub_target(manifest, python, container, local=server is not None)
     no_env_fix = _no_environment_fix(manifest)
 
     configs = {}
@@ -119,7 +129,7 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
         configs[folder] = cfg
         problems.extend(_config_problems(tree, folder, cfg))
         problems.extend(_model_problems(tree, folder, cfg, target, warnings, no_env_fix,
-                                        server_has or (lambda module: False)))
+                                        server or STOCK_CONTAINER_PYTHON))
     report.models, report.configs, report.envs = sorted(configs), configs, tree.envs
     ensembles = sorted(name for name, cfg in configs.items() if cfg.platform == "ensemble")
     entry, entry_problems = _entry_point(label, top_dirs, top_files, configs, ensembles)
@@ -246,7 +256,7 @@ def _config_problems(tree: Tree, folder: str, cfg) -> list[Problem]:
 
 
 def _model_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: list[Problem],
-                    no_env_fix: str | None, server_has: Callable[[str], bool]) -> list[Problem]:
+                    no_env_fix: str | None, server: ServerPython) -> list[Problem]:
     problems = []
     config_path = f"{folder}/config.pbtxt"
     for sub in tree.children(folder)[0]:
@@ -297,7 +307,7 @@ def _model_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: 
             else:
                 problems.append(missing)
     if cfg.backend == "python":
-        problems.extend(_env_problems(tree, folder, cfg, target, warnings, no_env_fix, server_has))
+        problems.extend(_env_problems(tree, folder, cfg, target, warnings, no_env_fix, server))
     return problems
 
 
@@ -386,7 +396,7 @@ def _stdlib_problems(sources: dict[str, bytes], target: StubTarget) -> list[Prob
 
 
 def _env_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: list[Problem],
-                  no_env_fix: str | None, server_has: Callable[[str], bool]) -> list[Problem]:
+                  no_env_fix: str | None, server: ServerPython) -> list[Problem]:
     config_path = f"{folder}/config.pbtxt"
     where = f"parameters.{ENV_PARAMETER}"
     from tritonpack.env import required_modules
@@ -399,12 +409,12 @@ def _env_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: li
     if target.python and (absent := _stdlib_problems(sources, target)):
         return absent
     if ENV_PARAMETER not in cfg.parameters:
-        if _numpy_major(target.server_numpy) >= 2 and stub_needs_numpy1(LOCAL_TRITON_RELEASE):
+        if _numpy_major(server.numpy) >= 2 and stub_needs_numpy1(LOCAL_TRITON_RELEASE):
             return [Problem(config_path, where, f"not set, so the local Triton runs the model in this Python, whose "
-                                                f"numpy {target.server_numpy} its python backend stub (Triton 2.51) "
+                                                f"numpy {server.numpy} its python backend stub (Triton 2.51) "
                                                 f"reads wrongly: every request would abort the stub; install numpy<2 "
                                                 f"into this Python (`pip install 'numpy<2'`)")]
-        needs = {module for module in needs if not server_has(module)}
+        needs = {module for module in needs if not server.has(module)}
         if not needs:
             return []
         from tritonpack.env import envs_covering

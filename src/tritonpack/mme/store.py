@@ -248,7 +248,7 @@ class TargetStore:
             self.metrics.observe("ModelDownloadingTime", time.monotonic() - started)
             # Judged for the container the tarball was built for (its manifest), by a server whose Python is this
             # interpreter's: python models may use its packages where the tarball carries no environment.
-            report = check(tarball, self.limits, **local_server_python())
+            report = check(tarball, self.limits, server=local_server_python())
             problems = report.problems
             if problems:
                 error = TargetError(400, f"{target} is not deployable", [str(p) for p in problems])
