@@ -124,9 +124,12 @@ def _peer_tables(peers: dict) -> list[str]:
         lines.append(f"\nSkipped: **{name}** — {why}.")
     engines = sides.get("infinity", {}).get("engines_tried", {})
     if len(engines) > 1:
-        tried = ", ".join(f"{e} {fmt(t.get('probe_c8_sentences_per_s'), 1)}/s" if t["started"] else
+        tried = ", ".join(f"{e} {fmt(t.get('probe_c8_sentences_per_s'), 1)}/s (min cosine "
+                          f"{fmt(t.get('min_cosine_within_256'), 6)})" if t["started"] else
                           f"{e} did not start ({t['error']})" for e, t in engines.items())
-        lines.append(f"\ninfinity-emb's engines at c=8 on the corpus: {tried}; the fastest is compared.")
+        lines.append(f"\ninfinity-emb's engines at c=8 on the corpus, with their min cosine to sentence-transformers "
+                     f"torch on the held-out sentences within 256 tokens: {tried}; the fastest of those at or above "
+                     f"{goals.COSINE_MIN} is compared.")
     rows = []
     for key, side in sides.items():
         if side["served"]:

@@ -68,8 +68,11 @@ def start_infinity(bench, engine: peers.InfinityEngine, texts: list[str], versio
     return side
 
 
-def infinity_side(bench, texts: list[str], engines: list[peers.InfinityEngine]) -> ServedSide:
-    """infinity-emb with the fastest of `engines` that start here (each tried at c=8 on the corpus)."""
+def infinity_side(bench, texts: list[str], engines: list[peers.InfinityEngine],
+                  floor_check: tuple[list[str], np.ndarray]) -> ServedSide:
+    """infinity-emb with the first of `engines` that start here by `compared_first`: each is tried at c=8 on the
+    corpus and embeds `floor_check`'s held-out sentences (within 256 tokens, sentence-transformers torch's vectors
+    beside them)."""
     versions = {env: env.versions(bench.peers_root) for env in {engine.env for engine in engines}}
     tried: dict[str, dict] = {}
     started: list[ServedSide] = []
@@ -83,18 +86,30 @@ def infinity_side(bench, texts: list[str], engines: list[peers.InfinityEngine]) 
         if not started:
             raise RuntimeError(f"no engine started: {tried}")
         if len(started) > 1:
+            check_texts, check_vectors = floor_check
             for side in started:
-                tried[side.details["engine"]]["probe_c8_sentences_per_s"] = side.run(texts, 8).per_second
-            started.sort(key=lambda side: -tried[side.details["engine"]]["probe_c8_sentences_per_s"])
+                tried[side.details["engine"]].update(
+                    probe_c8_sentences_per_s=side.run(texts, 8).per_second,
+                    min_cosine_within_256=cosine_min(side.embed(check_texts), check_vectors))
+            order = compared_first(tried)
+            started.sort(key=lambda side: order.index(side.details["engine"]))
             bench.log(f"  infinity-emb engines at c=8: {tried}")
     except BaseException:
         for side in started:
             side.close()
         raise
-    for slower in started[1:]:
-        slower.close()
+    for other in started[1:]:
+        other.close()
     started[0].details["engines_tried"] = tried
     return started[0]
+
+
+def compared_first(tried: dict[str, dict]) -> list[str]:
+    """The engines probed, the one compared first: the fastest of those whose embeddings hold the cosine floor the
+    served side holds (one computing in reduced precision may not), then the rest by speed."""
+    probed = [name for name, t in tried.items() if "probe_c8_sentences_per_s" in t]
+    return sorted(probed, key=lambda name: (not tried[name]["min_cosine_within_256"] >= goals.COSINE_MIN,
+                                            -tried[name]["probe_c8_sentences_per_s"]))
 
 
 def add_peer(sides: list[Side], skipped: dict, name: str, make) -> None:
@@ -105,7 +120,7 @@ def add_peer(sides: list[Side], skipped: dict, name: str, make) -> None:
         skipped[name] = f"did not start: {type(e).__name__}: {e}"
 
 
-def make_sides(bench, server, texts: list[str], sides: list[Side]) -> dict[str, str]:
+def make_sides(bench, server, texts: list[str], held_out: list[corpus.Sentence], sides: list[Side]) -> dict[str, str]:
     """Fill `sides` (the caller closes them, also when this fails); returns the peers left out and why."""
     s, skipped, root = bench.settings, {}, bench.peers_root
     torch_side = worker_side(bench, Path(sys.executable), "torch", ".venv", None)
@@ -122,7 +137,9 @@ def make_sides(bench, server, texts: list[str], sides: list[Side]) -> dict[str, 
             peers.INFINITY.folder(root) / "exports" / "onnx"))
         engines = [peers.INFINITY_ENGINES[name] for name in s.infinity_engines]
         engines = [engine for engine in engines if peer_env_ready(bench, engine.env, skipped)]
-        add_peer(sides, skipped, "infinity", lambda: infinity_side(bench, texts, engines))
+        within = [x.text for x in held_out if x.tokens <= corpus.MAX_TOKENS]  # infinity-emb truncates at 512
+        add_peer(sides, skipped, "infinity", lambda: infinity_side(bench, texts, engines,
+                                                                   (within, torch_side.embed(within))))
     sides.append(served_tritonpack(server, bench.served_repository))
     return skipped
 
@@ -180,11 +197,12 @@ def measure(bench, server) -> dict:
     s = bench.settings
     timed = corpus.corpus(s.sentences, s.seed)
     texts = [x.text for x in timed]
+    held_out = corpus.held_out(s.held_out, s.seed, timed)
     sides: list[Side] = []
     try:
-        skipped = make_sides(bench, server, texts, sides)
+        skipped = make_sides(bench, server, texts, held_out, sides)
         bench.log("peers: cosine to sentence-transformers torch on held-out sentences")
-        cos = cosines(sides, corpus.held_out(s.held_out, s.seed, timed))
+        cos = cosines(sides, held_out)
         for side in sides:  # warm every side (arenas, kernels, connections) at the most clients any run uses
             side.run(texts[:64], max(*s.concurrencies, s.bucket_concurrency))
         bench.log("peers side by side, mixed corpus, by concurrency")

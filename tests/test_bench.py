@@ -202,6 +202,25 @@ def test_torch_goal_is_judged_against_the_faster_torch_batch_in_each_repetition(
     assert text_peers.FASTER_TORCH not in text_peers.ratios(runs, sides, 4)
 
 
+def test_infinity_engine_in_reduced_precision_is_compared_only_where_it_holds_the_cosine_floor(tmp_path):
+    from benchmarks import text_peers
+
+    bf16 = peers.INFINITY_ENGINES["torch-bf16"]
+    command = peers.InfinityServer(tmp_path, bf16, tmp_path, tmp_path / "log").command
+    assert command[command.index("--engine") + 1] == "torch" and command[command.index("--dtype") + 1] == "bfloat16"
+    assert "--dtype" not in peers.InfinityServer(tmp_path, peers.INFINITY_ENGINES["torch"], tmp_path,
+                                                 tmp_path / "log").command
+    tried = {"optimum": {"started": True, "probe_c8_sentences_per_s": 70.0, "min_cosine_within_256": 1.0},
+             "torch-bf16": {"started": True, "probe_c8_sentences_per_s": 90.0, "min_cosine_within_256": 0.99989},
+             "torch": {"started": True, "probe_c8_sentences_per_s": 50.0, "min_cosine_within_256": 1.0},
+             "optimum-openvino": {"started": False, "error": "RuntimeError: exited"}}
+    assert text_peers.compared_first(tried) == ["optimum", "torch", "torch-bf16"]
+    tried["torch-bf16"]["min_cosine_within_256"] = 0.9999
+    assert text_peers.compared_first(tried)[0] == "torch-bf16"
+    tried["torch-bf16"]["min_cosine_within_256"] = float("nan")
+    assert text_peers.compared_first(tried)[0] == "optimum"
+
+
 def test_sizes_are_judged_in_megabytes_of_a_million_bytes(tmp_path):
     from benchmarks import cold_memory
 
