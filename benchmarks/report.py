@@ -124,12 +124,7 @@ def _peer_tables(peers: dict) -> list[str]:
         lines.append(f"\nSkipped: **{name}** — {why}.")
     engines = sides.get("infinity", {}).get("engines_tried", {})
     if len(engines) > 1:
-        tried = ", ".join(f"{e} {fmt(t.get('probe_c8_sentences_per_s'), 1)}/s (min cosine "
-                          f"{fmt(t.get('min_cosine_within_256'), 6)})" if t["started"] else
-                          f"{e} did not start ({t['error']})" for e, t in engines.items())
-        lines.append(f"\ninfinity-emb's engines at c=8 on the corpus, with their min cosine to sentence-transformers "
-                     f"torch on the held-out sentences within 256 tokens: {tried}; the fastest of those at or above "
-                     f"{goals.COSINE_MIN} is compared.")
+        lines.append("\n" + engines_tried_line(engines))
     rows = []
     for key, side in sides.items():
         if side["served"]:
@@ -152,6 +147,15 @@ def _peer_tables(peers: dict) -> list[str]:
     lines += ["", "Min cosine to sentence-transformers torch on held-out sentences:", ""]
     lines += _table(["side", "≤ 256 tokens", "> 256 tokens (truncated)"], rows)
     return lines
+
+
+def engines_tried_line(engines: dict[str, dict]) -> str:
+    tried = ", ".join(f"{e} {fmt(t.get('probe_c8_sentences_per_s'), 1)}/s (min cosine "
+                      f"{fmt(t.get('min_cosine_within_256'), 6)})" if t["started"] else
+                      f"{e} did not start ({t['error']})" for e, t in engines.items())
+    return (f"infinity-emb's engines at c=8 on the corpus, with their min cosine to sentence-transformers torch on the "
+            f"held-out sentences within 256 tokens: {tried}; the fastest of those at or above {goals.COSINE_MIN} is "
+            f"compared.")
 
 
 def _memory_table(mme: dict, title: str) -> list[str]:

@@ -203,7 +203,7 @@ def test_torch_goal_is_judged_against_the_faster_torch_batch_in_each_repetition(
 
 
 def test_infinity_engine_in_reduced_precision_is_compared_only_where_it_holds_the_cosine_floor(tmp_path):
-    from benchmarks import text_peers
+    from benchmarks import report, text_peers
 
     bf16 = peers.INFINITY_ENGINES["torch-bf16"]
     command = peers.InfinityServer(tmp_path, bf16, tmp_path, tmp_path / "log").command
@@ -215,6 +215,8 @@ def test_infinity_engine_in_reduced_precision_is_compared_only_where_it_holds_th
              "torch": {"started": True, "probe_c8_sentences_per_s": 50.0, "min_cosine_within_256": 1.0},
              "optimum-openvino": {"started": False, "error": "RuntimeError: exited"}}
     assert text_peers.compared_first(tried) == ["optimum", "torch", "torch-bf16"]
+    assert "torch-bf16 90.0/s (min cosine 0.999890), torch 50.0/s" in report.engines_tried_line(tried)
+    assert "optimum-openvino did not start (RuntimeError: exited)" in report.engines_tried_line(tried)
     tried["torch-bf16"]["min_cosine_within_256"] = 0.9999
     assert text_peers.compared_first(tried)[0] == "torch-bf16"
     tried["torch-bf16"]["min_cosine_within_256"] = float("nan")
