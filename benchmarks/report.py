@@ -150,9 +150,9 @@ def _peer_tables(peers: dict) -> list[str]:
 
 
 def engines_tried_line(engines: dict[str, dict]) -> str:
-    tried = ", ".join(f"{e} {fmt(t.get('probe_c8_sentences_per_s'), 1)}/s (min cosine "
-                      f"{fmt(t.get('min_cosine_within_256'), 6)})" if t["started"] else
-                      f"{e} did not start ({t['error']})" for e, t in engines.items())
+    tried = ", ".join(f"{e} did not start ({t['error']})" if not t["started"] else f"{e} ({t['error']})" if "error" in t
+                      else f"{e} {fmt(t.get('probe_c8_sentences_per_s'), 1)}/s (min cosine "
+                           f"{fmt(t.get('min_cosine_within_256'), 6)})" for e, t in engines.items())
     return (f"infinity-emb's engines at c=8 on the corpus, with their min cosine to sentence-transformers torch on the "
             f"held-out sentences within 256 tokens: {tried}; the fastest of those at or above {goals.COSINE_MIN} is "
             f"compared.")

@@ -87,10 +87,17 @@ def infinity_side(bench, texts: list[str], engines: list[peers.InfinityEngine],
             raise RuntimeError(f"no engine started: {tried}")
         if len(started) > 1:
             check_texts, check_vectors = floor_check
-            for side in started:
-                tried[side.details["engine"]].update(
-                    probe_c8_sentences_per_s=side.run(texts, 8).per_second,
-                    min_cosine_within_256=cosine_min(side.embed(check_texts), check_vectors))
+            for side in list(started):
+                try:
+                    tried[side.details["engine"]].update(
+                        probe_c8_sentences_per_s=side.run(texts, 8).per_second,
+                        min_cosine_within_256=cosine_min(side.embed(check_texts), check_vectors))
+                except Exception as e:  # noqa: BLE001 - an engine that fails its probe is recorded; the others run
+                    tried[side.details["engine"]]["error"] = f"probe failed: {type(e).__name__}: {e}"
+                    started.remove(side)
+                    side.close()
+            if not started:
+                raise RuntimeError(f"every engine failed its probe: {tried}")
             order = compared_first(tried)
             started.sort(key=lambda side: order.index(side.details["engine"]))
             bench.log(f"  infinity-emb engines at c=8: {tried}")

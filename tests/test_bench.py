@@ -223,6 +223,44 @@ def test_infinity_engine_in_reduced_precision_is_compared_only_where_it_holds_th
     assert text_peers.compared_first(tried)[0] == "optimum"
 
 
+def test_infinity_engine_that_fails_its_probe_is_recorded_and_closed_while_the_others_are_compared(monkeypatch):
+    """Stand-in sides in place of infinity-emb servers: what is tested is the choice and the bookkeeping around the
+    probe, not infinity-emb (the bench runs it for real)."""
+    from types import SimpleNamespace
+
+    from benchmarks import report, text_peers
+
+    vectors = np.eye(3, dtype=np.float32)
+
+    class Side:
+        def __init__(self, engine, per_second, embedded):
+            self.details, self.per_second, self.embedded, self.closed = {"engine": engine}, per_second, embedded, False
+
+        def run(self, texts, concurrency):
+            if self.per_second is None:
+                raise ConnectionResetError("server went away")
+            return Run(int(self.per_second), 1.0)
+
+        def embed(self, texts):
+            return self.embedded
+
+        def close(self):
+            self.closed = True
+
+    sides = {"optimum": Side("optimum", 60, vectors), "torch": Side("torch", None, vectors),
+             "torch-bf16": Side("torch-bf16", 90, vectors * 0.5 + 0.01)}
+    monkeypatch.setattr(peers.PeerEnv, "versions", lambda self, root: {})
+    monkeypatch.setattr(text_peers, "start_infinity", lambda bench, engine, texts, versions: sides[engine.name])
+    bench = SimpleNamespace(peers_root=None, log=lambda line: None)
+    engines = [peers.INFINITY_ENGINES[name] for name in sides]
+    chosen = text_peers.infinity_side(bench, ["a", "b", "c"], engines, (["a", "b", "c"], vectors))
+    assert chosen is sides["optimum"] and not chosen.closed and sides["torch"].closed and sides["torch-bf16"].closed
+    tried = chosen.details["engines_tried"]
+    assert tried["torch"]["error"] == "probe failed: ConnectionResetError: server went away"
+    assert tried["torch-bf16"]["min_cosine_within_256"] < 0.9999 < tried["optimum"]["min_cosine_within_256"]
+    assert "torch (probe failed: ConnectionResetError: server went away)" in report.engines_tried_line(tried)
+
+
 def test_sizes_are_judged_in_megabytes_of_a_million_bytes(tmp_path):
     from benchmarks import cold_memory
 
