@@ -127,11 +127,15 @@ def add_peer(sides: list[Side], skipped: dict, name: str, make) -> None:
         skipped[name] = f"did not start: {type(e).__name__}: {e}"
 
 
-def make_sides(bench, server, texts: list[str], held_out: list[corpus.Sentence], sides: list[Side]) -> dict[str, str]:
-    """Fill `sides` (the caller closes them, also when this fails); returns the peers left out and why."""
+def make_sides(bench, server, texts: list[str], held_out: list[corpus.Sentence],
+               sides: list[Side]) -> tuple[dict[str, str], np.ndarray]:
+    """Fill `sides` (the caller closes them, also when this fails); returns the peers left out and why, and the
+    reference's (sentence-transformers torch's) embeddings of `held_out`, which infinity-emb's engines are checked
+    against."""
     s, skipped, root = bench.settings, {}, bench.peers_root
     torch_side = worker_side(bench, Path(sys.executable), "torch", ".venv", None)
     sides.append(torch_side)
+    reference = torch_side.embed([x.text for x in held_out])
     if s.st_variants:  # torch's default batch; one thread, which other processes' load hurts less
         sides += [torch_side.variant(32), torch_side.variant(s.peer_batch_size, torch_threads=1)]
     if peer_env_ready(bench, peers.ST_OPENVINO, skipped):
@@ -144,19 +148,19 @@ def make_sides(bench, server, texts: list[str], held_out: list[corpus.Sentence],
             peers.INFINITY.folder(root) / "exports" / "onnx"))
         engines = [peers.INFINITY_ENGINES[name] for name in s.infinity_engines]
         engines = [engine for engine in engines if peer_env_ready(bench, engine.env, skipped)]
-        within = [x.text for x in held_out if x.tokens <= corpus.MAX_TOKENS]  # infinity-emb truncates at 512
-        add_peer(sides, skipped, "infinity", lambda: infinity_side(bench, texts, engines,
-                                                                   (within, torch_side.embed(within))))
+        within = [i for i, x in enumerate(held_out) if x.tokens <= corpus.MAX_TOKENS]  # infinity-emb truncates at 512
+        add_peer(sides, skipped, "infinity", lambda: infinity_side(
+            bench, texts, engines, ([held_out[i].text for i in within], reference[within])))
     sides.append(served_tritonpack(server, bench.served_repository))
-    return skipped
+    return skipped, reference
 
 
-def cosines(sides: list[Side], held_out: list[corpus.Sentence]) -> dict:
-    """Min cosine of each side's embeddings to sentence-transformers torch, within 256 tokens and beyond."""
+def cosines(sides: list[Side], held_out: list[corpus.Sentence], reference: np.ndarray) -> dict:
+    """Min cosine of each side's embeddings to sentence-transformers torch's (`reference`), within 256 tokens and
+    beyond."""
     texts = [x.text for x in held_out]
     truncated = np.array([x.tokens > corpus.MAX_TOKENS for x in held_out])
-    vectors = {side.key: side.embed(texts) for side in sides}
-    reference = vectors[REFERENCE]
+    vectors = {side.key: reference if side.key == REFERENCE else side.embed(texts) for side in sides}
     out = {}
     for key, v in vectors.items():
         within = cosine_min(v[~truncated], reference[~truncated])
@@ -207,9 +211,9 @@ def measure(bench, server) -> dict:
     held_out = corpus.held_out(s.held_out, s.seed, timed)
     sides: list[Side] = []
     try:
-        skipped = make_sides(bench, server, texts, held_out, sides)
+        skipped, reference = make_sides(bench, server, texts, held_out, sides)
         bench.log("peers: cosine to sentence-transformers torch on held-out sentences")
-        cos = cosines(sides, held_out)
+        cos = cosines(sides, held_out, reference)
         for side in sides:  # warm every side (arenas, kernels, connections) at the most clients any run uses
             side.run(texts[:64], max(*s.concurrencies, s.bucket_concurrency))
         bench.log("peers side by side, mixed corpus, by concurrency")

@@ -23,10 +23,14 @@ from collections.abc import Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tritonpack import proc
 from tritonpack.children import start_child
 from tritonpack.errors import ServerError
+
+if TYPE_CHECKING:
+    from tritonpack.check import ServerPython
 
 SOCKET_IN_USE = re.compile(r"Socket '[^']*:(\d+)' already in use")  # Triton's words for a port that is taken
 LOG_ERROR = re.compile(r"E\d{4} [\d:.]+ +\d+ [^\]]*\] (.*)")  # glog's error lines, as tritonserver writes them
@@ -56,7 +60,7 @@ def local_numpy_version() -> str | None:
         return None
 
 
-def local_server_python():
+def local_server_python() -> ServerPython:
     """The Python the local Triton runs models without an environment in (this interpreter's), as `check` takes it."""
     from tritonpack.check import ServerPython
 
