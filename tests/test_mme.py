@@ -134,6 +134,22 @@ def test_local_mme_serves_both_side_by_side_when_tarballs_share_model_folder_nam
     assert set(mme.manager.loaded_targets()) == {"bert.tar.gz", "tiny-a.tar.gz"}
 
 
+def test_local_mme_lists_the_memory_of_each_loaded_target_when_its_models_are_listed(mme, runtime):
+    embed(runtime, "bert.tar.gz", FEW)
+    embed(runtime, "tiny-a.tar.gz", FEW)
+    with urllib.request.urlopen(f"{mme.url}/models", timeout=10) as response:
+        listed = json.loads(response.read())
+    memory = listed["memory_mb"]
+    print(f"memory {memory}")
+    assert set(memory["loaded"]) == set(listed["loaded"]) == {"bert.tar.gz", "tiny-a.tar.gz"}
+    # both targets run a tokenizer's and an encoder's python process; bert's encoder holds MiniLM's weights as well
+    assert memory["loaded"]["tiny-a.tar.gz"] >= 2 * 10
+    assert memory["loaded"]["bert.tar.gz"] >= memory["loaded"]["tiny-a.tar.gz"] + 40
+    assert memory["tritonserver"] >= 10
+    parts = memory["tritonserver"] + sum(memory["loaded"].values())
+    assert parts - 0.5 <= memory["total"] <= parts + 50  # + any stub of an evicted target still exiting
+
+
 def reference_for(texts, reference):
     return np.stack([reference[SENTENCES.index(t)] for t in texts])
 

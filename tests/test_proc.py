@@ -106,4 +106,5 @@ def test_memory_counts_private_pages_when_a_process_allocates():
 ])
 def test_stub_model_reads_the_model_folder_when_given_a_stub_command_line(args, model, regions):
     assert proc.stub_model(args) == model
+    assert proc.stub_model_file(args) == (Path("/repo/bert_tokenizer/1/model.py") if model else None)
     assert proc.stub_shm_regions(args) == regions

@@ -82,11 +82,17 @@ def command_line(pid: int) -> list[bytes]:
         return []
 
 
-def stub_model(args: list[bytes]) -> str | None:
-    """The model folder a python backend stub serves, from its command line (`stub <folder>/1/model.py …`)."""
+def stub_model_file(args: list[bytes]) -> Path | None:
+    """The model.py a python backend stub runs, from its command line (`stub <folder>/1/model.py …`)."""
     if len(args) > 1 and STUB_BINARY in args[0]:
-        return Path(args[1].decode(errors="replace")).parent.parent.name
+        return Path(args[1].decode(errors="replace"))
     return None
+
+
+def stub_model(args: list[bytes]) -> str | None:
+    """The name of the model folder a python backend stub serves, from its command line."""
+    model_file = stub_model_file(args)
+    return model_file.parent.parent.name if model_file else None
 
 
 def stub_shm_regions(args: list[bytes]) -> set[str]:

@@ -158,6 +158,16 @@ def _become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
+@dataclass(frozen=True)
+class ServerMemory:
+    """PSS in kB (`proc`): of tritonserver with every process it started, of tritonserver alone, and of the python
+    stubs by the model.py each runs."""
+
+    total: int
+    tritonserver: int
+    stubs: dict[Path, int]
+
+
 @dataclass
 class TritonServer:
     """A tritonserver process serving `model_repository`; use as a context manager.
@@ -312,6 +322,18 @@ class TritonServer:
     def process_group_pids(self) -> list[int]:
         """The server and every process it started (python stubs share its process group), zombies included."""
         return proc.group_members(self.process.pid) if self.process is not None else []
+
+    def memory(self) -> ServerMemory | None:
+        """PSS of tritonserver and its live stubs now; None when it is not running."""
+        if self.process is None or (server := proc.memory(self.process.pid)) is None:
+            return None
+        stubs, total = {}, server.pss
+        for pid in self.process_group_pids():
+            if pid != self.process.pid and (m := proc.memory(pid)) is not None:
+                total += m.pss
+                if (model_file := proc.stub_model_file(proc.command_line(pid))) is not None:
+                    stubs[model_file] = stubs.get(model_file, 0) + m.pss
+        return ServerMemory(total, server.pss, stubs)
 
     def stub_shm_regions(self) -> set[str]:
         """The /dev/shm regions of this server's python stubs seen so far (each stub's command line names one)."""

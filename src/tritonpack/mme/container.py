@@ -22,7 +22,7 @@ from typing import Protocol
 
 from tritonpack.containers import CONTAINER_ENVIRONMENT, serve_flags
 from tritonpack.errors import TritonpackError
-from tritonpack.server import TritonServer, free_port
+from tritonpack.server import ServerMemory, TritonServer, free_port
 
 TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
 
@@ -68,6 +68,7 @@ class Container(Protocol):
     def exit_code(self) -> int | None: ...
     def ping(self) -> bool: ...
     def track_stubs(self) -> None: ...
+    def memory(self) -> ServerMemory | None: ...
     def load(self, model_hash: str, target: str, url: Path) -> Reply: ...
     def unload(self, model_hash: str, target: str, timeout: float | None = None) -> Reply: ...
     def invoke(self, model_hash: str, target: str, body: bytes, content_type: str | None) -> Reply: ...
@@ -117,6 +118,9 @@ class SageMakerTriton:
         """Note the running stubs and their /dev/shm regions, so that `stop` removes them even if they die."""
         if self.server is not None:
             self.server.stub_models()
+
+    def memory(self) -> ServerMemory | None:
+        return self.server.memory() if self.server is not None else None
 
     def close(self, timeout_s: float = 30.0, keep_log: bool = False) -> None:
         """Stop the server and remove the working folder (kept with its log when an error names it)."""

@@ -40,6 +40,10 @@ MODEL_GONE = re.compile(r"Request for unknown model: '[^']*' is not found")
 NO_DISK_SPACE = re.compile(r"No space left on device|Failed to create environment directory")
 
 
+def _mb(kb: int) -> float:
+    return round(kb * 1024 / 1e6, 1)
+
+
 def model_gone(reply: Reply) -> bool:
     """Triton did not resolve the target's name (its answer is 400; a 200's output may hold any text)."""
     return reply.status != 200 and MODEL_GONE.search(reply.message) is not None
@@ -270,6 +274,22 @@ class ModelManager:
 
     def loaded_targets(self) -> list[str]:
         return self.slots.loaded_targets()
+
+    def memory_mb(self) -> dict:
+        """PSS in MB (10^6 bytes) of the whole server, of tritonserver alone and of each loaded target's python
+        stubs, as `GET /models` shows them. A page several processes map (Python, numpy, an environment's libraries
+        that loaded targets share) counts 1/n to each of its n processes, so a target's figure falls as other loaded
+        targets come to share its libraries."""
+        if (memory := self.container.memory()) is None:
+            return {}
+        folders = {target: self.store.cache.model_dir(target).resolve() for target in self.loaded_targets()}
+        loaded = dict.fromkeys(folders, 0)
+        for model_file, kb in memory.stubs.items():
+            owner = next((t for t, folder in folders.items() if model_file.resolve().is_relative_to(folder)), None)
+            if owner is not None:
+                loaded[owner] += kb
+        return {"total": _mb(memory.total), "tritonserver": _mb(memory.tritonserver),
+                "loaded": {target: _mb(kb) for target, kb in loaded.items()}}
 
     def loaded(self, target: str) -> bool:
         return self.slots.phase(target) is Phase.LOADED
