@@ -454,6 +454,8 @@ def test_mme_command_answers_the_call_in_flight_and_exits_cleanly_when_it_gets_s
             while time.monotonic() < deadline and not ping_ok(server.url):
                 time.sleep(0.2)
             assert invoke(server, "slow.tar.gz").status_code == 200  # loaded: a call now takes ~0.5 s
+            memory = requests.get(f"{server.url}/models", timeout=10).json()["memory_mb"]
+            assert list(memory["loaded"]) == ["slow.tar.gz"] and memory["loaded"]["slow.tar.gz"] > 0
             with ThreadPoolExecutor(1) as pool:
                 in_flight = pool.submit(invoke, server, "slow.tar.gz")
                 time.sleep(0.2)
@@ -465,6 +467,7 @@ def test_mme_command_answers_the_call_in_flight_and_exits_cleanly_when_it_gets_s
                 command.kill()
         output = command.stdout.read()
     assert "stopping: draining" in output and "Traceback" not in output, output[-2000:]
+    assert f"loaded targets and their memory: {server.url}/models" in output
     assert not workdir.exists()
 
 

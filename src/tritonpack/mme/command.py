@@ -55,7 +55,8 @@ def cmd_mme(args) -> int:
                 print(f"local MME on {mme.url}: models from {mme.source}, at most {args.max_models} loaded, "
                       f"disk cache {mme.cache.root} ({args.cache_bytes})\n"
                       f"  invoke: aws sagemaker-runtime invoke-endpoint --endpoint-url {mme.url} --endpoint-name "
-                      f"local --target-model <tarball> ...\n  metrics: {mme.url}/metrics", flush=True)
+                      f"local --target-model <tarball> ...\n  metrics: {mme.url}/metrics\n"
+                      f"  loaded targets and their memory: {mme.url}/models", flush=True)
                 wait_for_stop(lambda: True)
                 print(f"stopping: draining calls in flight (up to {args.drain_seconds:g} s)", flush=True)
     except KeyboardInterrupt:  # while it was starting: start() stopped what it had started
