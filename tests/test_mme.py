@@ -140,7 +140,6 @@ def test_local_mme_lists_the_memory_of_each_loaded_target_when_its_models_are_li
     with urllib.request.urlopen(f"{mme.url}/models", timeout=10) as response:
         listed = json.loads(response.read())
     memory = listed["memory_mb"]
-    print(f"memory {memory}")
     assert set(memory["loaded"]) == set(listed["loaded"]) == {"bert.tar.gz", "tiny-a.tar.gz"}
     # both targets run a tokenizer's and an encoder's python process; bert's encoder holds MiniLM's weights as well
     assert memory["loaded"]["tiny-a.tar.gz"] >= 2 * 10
