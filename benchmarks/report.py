@@ -182,8 +182,8 @@ def _memory_table(mme: dict, title: str) -> list[str]:
                   "summed). Stubs seen: python stub processes seen since the server started (one per python step "
                   "of each copy, and as many more for each copy Triton reloaded: docs/performance.md, sixteenth "
                   "round)."]
-    cold = ", ".join(f"{r['first_answer_s']:.2f} (gateway {r['gateway_s']:.2f}, Triton {r['triton_load_s']:.2f})"
-                     for r in mme["cold_start"]["runs"])
+    cold = ", ".join(f"{r['first_answer_s']:.2f} (gateway {r['gateway_s']:.2f}: check {r['check_s']:.2f}, extraction "
+                     f"{r['extract_s']:.2f}; Triton {r['triton_load_s']:.2f})" for r in mme["cold_start"]["runs"])
     stock = ", ".join(f"{r['first_answer_s']:.2f}" for r in mme["cold_start"]["stock_endpoint"]["runs"])
     lines += ["", f"First model {memory['first_model_pss_mb']:.0f} MB beyond the server alone; each additional "
                   f"{fmt(memory['per_additional_model_pss_mb'], 0)} MB → {fmt(memory['models_per_gb'], 1)} models "

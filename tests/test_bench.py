@@ -165,7 +165,8 @@ def test_bench_smoke_writes_report_files_with_expected_keys_when_run(test_dist, 
     assert all(0 < step["before_vocabulary_pss_mb"] <= step["pss_mb"] + 5 for step in memory["steps"].values()), memory
     assert on_disk["mme"]["cold_start"]["first_answer_s_median"] > 0
     for run in on_disk["mme"]["cold_start"]["runs"]:  # the gateway's part and Triton's, both within the first answer
-        assert min(run["gateway_s"], run["triton_load_s"]) > 0, run
+        assert min(run["gateway_s"], run["check_s"], run["extract_s"], run["triton_load_s"]) > 0, run
+        assert run["fetch_s"] + run["check_s"] + run["extract_s"] <= run["gateway_s"], run
         assert run["gateway_s"] + run["triton_load_s"] < run["first_answer_s"], run
     assert on_disk["mme"]["cold_start"]["stock_endpoint"]["first_answer_s_median"] > 0
     environment = on_disk["mme"]["container_environment"]

@@ -243,6 +243,9 @@ def test_local_mme_serves_metrics_named_like_cloudwatch_when_scraped(mme):
                  "ModelUnloadingTime_sum"):
         assert name in values
     assert values["ModelCacheHit"] > 0 and values["ModelLoadingWaitTime_count"] > 0
+    # the gateway's part of a cold start: every fetched tarball is checked, and only those that pass are extracted
+    assert values["ModelDownloadingTime_count"] >= values["ModelCheckingTime_count"] >= \
+        values["ModelExtractingTime_count"] > 0 and values["ModelExtractingTime_sum"] > 0
 
 
 def test_local_mme_bounds_disk_cache_and_restarts_triton_within_its_budget_when_it_dies(models_dir, tmp_path,

@@ -173,7 +173,9 @@ class ModelManager:
             error = self._load_failure(slot, reply)  # refused before the slot is free: a call waiting for it sees it
             self.slots.drop(slot)
             raise error
-        self.metrics.observe("ModelLoadingTime", time.monotonic() - started)
+        took = time.monotonic() - started
+        self.metrics.observe("ModelLoadingTime", took)
+        log.info("%s: loaded by Triton in %.2f s", target, took)
         in_table = self.slots.loaded(slot, use)
         if in_table is None:
             return False

@@ -245,10 +245,13 @@ class TargetStore:
         try:
             started = time.monotonic()
             tarball = self._with_room(target, in_use, "downloading", lambda: self._fetch(target, staging))
-            self.metrics.observe("ModelDownloadingTime", time.monotonic() - started)
+            fetched = time.monotonic()
+            self.metrics.observe("ModelDownloadingTime", fetched - started)
             # Judged for the container the tarball was built for (its manifest), by a server whose Python is this
             # interpreter's: python models may use its packages where the tarball carries no environment.
             report = check(tarball, self.limits, server=local_server_python())
+            checked = time.monotonic()
+            self.metrics.observe("ModelCheckingTime", checked - fetched)
             problems = report.problems
             if problems:
                 error = TargetError(400, f"{target} is not deployable", [str(p) for p in problems])
@@ -260,6 +263,10 @@ class TargetStore:
             except ArchiveError as e:  # changed between the check and the extraction
                 raise TargetError(400, f"{target} is not deployable: unsafe archive, nothing extracted",
                                   [str(p) for p in e.problems]) from e
+            extracted = time.monotonic()
+            self.metrics.observe("ModelExtractingTime", extracted - checked)
+            log.info("%s: fetched in %.2f s, checked in %.2f s, extracted in %.2f s", target, fetched - started,
+                     checked - fetched, extracted - checked)
             for skipped in serve_without_foreign_environments(model_dir, report, self.python):
                 log.warning("%s: %s", target, skipped)
             return model_dir
