@@ -29,8 +29,7 @@ from pathlib import Path
 from benchmarks import corpus, goals
 from tritonpack import proc
 
-# the goals' units: MB of 10^6 bytes (/proc reports kB of 1,024 bytes); reports before 2026-11-26 showed MiB as MB
-MB = 1e6 / 1024  # /proc's kB per MB
+# the goals' units: MB of 10^6 bytes (`proc.KB_PER_MB`); reports before 2026-11-26 showed MiB as MB
 BYTES_PER_MB = 1e6
 
 
@@ -68,9 +67,12 @@ def group_memory(server) -> dict:
     for name, m in memory.items():
         kind = kinds.setdefault(name.rsplit("[", 1)[0], {"processes": 0, "pss_mb": 0.0})
         kind["processes"] += 1
-        kind["pss_mb"] += m.pss / MB
-    return {"pss_mb": sum(m.pss for m in memory.values()) / MB, "rss_mb": sum(m.rss for m in memory.values()) / MB,
-            "private_mb": sum(m.private for m in memory.values()) / MB, "processes": len(memory), "by_kind": kinds}
+        kind["pss_mb"] += m.pss / proc.KB_PER_MB
+    def summed_mb(field: str) -> float:
+        return sum(getattr(m, field) for m in memory.values()) / proc.KB_PER_MB
+
+    return {"pss_mb": summed_mb("pss"), "rss_mb": summed_mb("rss"), "private_mb": summed_mb("private"),
+            "processes": len(memory), "by_kind": kinds}
 
 
 def settle(server, quiet_s: float = 3.0, timeout_s: float = 120.0) -> None:
@@ -85,7 +87,7 @@ def settle(server, quiet_s: float = 3.0, timeout_s: float = 120.0) -> None:
 
 
 def available_mb() -> float:
-    return proc.available_kb() / MB
+    return proc.available_kb() / proc.KB_PER_MB
 
 
 def serve(url: str, work: list[tuple[str, str]]) -> None:

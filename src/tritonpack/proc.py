@@ -25,6 +25,7 @@ PROC = Path("/proc")
 SHM = Path("/dev/shm")
 STUB_BINARY = b"triton_python_backend_stub"
 SHM_PREFIX = "triton_python_backend_shm_region"
+KB_PER_MB = 1e6 / 1024  # /proc counts kB of 1,024 bytes; the project's MB (goals, reports) are 10^6 bytes
 _TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 
 

@@ -187,8 +187,9 @@ class Gateway:
 
     async def models(self, request: web.Request) -> web.Response:
         manager, cache = self.manager, self.manager.store.cache
-        memory = await asyncio.get_running_loop().run_in_executor(self._probes, manager.memory_mb)
-        return web.json_response({"loaded": manager.loaded_targets(), "quarantined": manager.crashes.quarantined(),
+        loaded = manager.loaded_targets()
+        memory = await asyncio.get_running_loop().run_in_executor(self._probes, manager.memory_mb, loaded)
+        return web.json_response({"loaded": loaded, "quarantined": manager.crashes.quarantined(),
                                   "cache_bytes": cache.total_bytes, "cached": sorted(cache.entries),
                                   "memory_mb": memory})
 

@@ -17,6 +17,7 @@ import re
 import time
 from collections.abc import Callable
 
+from tritonpack import proc
 from tritonpack.mme.container import Container, Reply
 from tritonpack.mme.health import CrashLedger, FaultPolicy
 from tritonpack.mme.metrics import Metrics
@@ -38,10 +39,6 @@ MODEL_GONE = re.compile(r"Request for unknown model: '[^']*' is not found")
 # A load that failed because a disk is full (the python backend unpacks each packed environment under /tmp): the
 # host's state, not the tarball's fault.
 NO_DISK_SPACE = re.compile(r"No space left on device|Failed to create environment directory")
-
-
-def _mb(kb: int) -> float:
-    return round(kb * 1024 / 1e6, 1)
 
 
 def model_gone(reply: Reply) -> bool:
@@ -277,21 +274,23 @@ class ModelManager:
     def loaded_targets(self) -> list[str]:
         return self.slots.loaded_targets()
 
-    def memory_mb(self) -> dict:
-        """PSS in MB (10^6 bytes) of the whole server, of tritonserver alone and of each loaded target's python
-        stubs, as `GET /models` shows them. A page several processes map (Python, numpy, an environment's libraries
-        that loaded targets share) counts 1/n to each of its n processes, so a target's figure falls as other loaded
-        targets come to share its libraries."""
+    def memory_mb(self, targets: list[str]) -> dict:
+        """PSS in MB (10^6 bytes) of the whole server, of tritonserver alone and of the python stubs of each of
+        `targets` (loaded ones), as `GET /models` shows them. A page several processes map (Python, numpy, an
+        environment's libraries that loaded targets share) counts 1/n to each of its n processes, so a target's
+        figure falls as other loaded targets come to share its libraries."""
         if (memory := self.container.memory()) is None:
             return {}
-        folders = {target: self.store.cache.model_dir(target).resolve() for target in self.loaded_targets()}
+        folders = {target: self.store.cache.model_dir(target).resolve() for target in targets}
         loaded = dict.fromkeys(folders, 0)
         for model_file, kb in memory.stubs.items():
-            owner = next((t for t, folder in folders.items() if model_file.resolve().is_relative_to(folder)), None)
+            model_file = model_file.resolve()
+            owner = next((t for t, folder in folders.items() if model_file.is_relative_to(folder)), None)
             if owner is not None:
                 loaded[owner] += kb
-        return {"total": _mb(memory.total), "tritonserver": _mb(memory.tritonserver),
-                "loaded": {target: _mb(kb) for target, kb in loaded.items()}}
+        return {"total": round(memory.total / proc.KB_PER_MB, 1),
+                "tritonserver": round(memory.tritonserver / proc.KB_PER_MB, 1),
+                "loaded": {target: round(kb / proc.KB_PER_MB, 1) for target, kb in loaded.items()}}
 
     def loaded(self, target: str) -> bool:
         return self.slots.phase(target) is Phase.LOADED
