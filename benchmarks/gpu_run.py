@@ -14,7 +14,9 @@ sentence-transformers' fp32 embeddings of the latter, made here on the CPU from 
 
 `run` builds `bert_pt` portable with tritonpack's own build (`--no-env`: the stub runs that machine's Python), serves
 it with dynamic batching on and off, and times served sentences/s by concurrency against sentence-transformers
-in-process on the same GPU (batch 64), with cosines against the CPU reference.
+in-process on the same GPU (batch 64), with cosines against the CPU reference; Triton's statistics say where each
+served request's time went (per step: queued, computing), and the served encoder's own session is timed in-process
+per call (one sentence, 32 padded) under TorchScript's executors. `--skip` leaves stages out.
 """
 
 from __future__ import annotations
@@ -247,6 +249,40 @@ class Client:
         self.connection.close()
 
 
+PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
+
+
+def model_statistics(url: str) -> dict[str, dict[str, int]]:
+    """Triton's cumulative statistics of every model (GET /v2/models/stats): requests, sentences (batch elements)
+    and executions, and the nanoseconds of each phase summed over requests (every request of a batch is charged
+    its batch's whole compute)."""
+    connection = http.client.HTTPConnection(url, timeout=30)
+    try:
+        connection.request("GET", "/v2/models/stats")
+        stats = json.loads(connection.getresponse().read())["model_stats"]
+    finally:
+        connection.close()
+    return {m["name"]: {"requests": m["inference_stats"]["success"]["count"], "sentences": m["inference_count"],
+                        "executions": m["execution_count"], "request_ns": m["inference_stats"]["success"]["ns"],
+                        **{f"{p}_ns": m["inference_stats"][p]["ns"] for p in PHASES}} for m in stats}
+
+
+def where_time_went(before: dict, after: dict) -> dict[str, dict[str, float]]:
+    """Each model's part of the requests between two `model_statistics`: sentences per execution, and per request
+    the milliseconds in the model, queued and in each compute phase (a phase's time is its batch's)."""
+    spent = {}
+    for name, a in after.items():
+        b = before.get(name, dict.fromkeys(a, 0))
+        requests, executions = a["requests"] - b["requests"], a["executions"] - b["executions"]
+        if not requests or not executions:
+            continue
+        spent[name] = {"requests": requests,
+                       "sentences_per_execution": round((a["sentences"] - b["sentences"]) / executions, 2),
+                       **{f"{p}_ms": round((a[f"{p}_ns"] - b[f"{p}_ns"]) / requests / 1e6, 3)
+                          for p in ("request", *PHASES)}}
+    return spent
+
+
 def in_process(model: Path, reference: dict, precisions: tuple[str, ...], repetitions: int) -> dict:
     import torch
     from sentence_transformers import SentenceTransformer
@@ -257,7 +293,8 @@ def in_process(model: Path, reference: dict, precisions: tuple[str, ...], repeti
     for precision in precisions:
         if precision == "fp16":
             st.half()
-        st.encode(texts[:256], batch_size=64)  # warm-up: kernels, allocator
+        # warm-up of every shape: the allocator and cuBLAS's choice per shape (fp16's first pass ran 9x slower)
+        st.encode(texts, batch_size=64)
         runs = []
         for _ in range(repetitions):
             torch.cuda.synchronize()
@@ -270,6 +307,64 @@ def in_process(model: Path, reference: dict, precisions: tuple[str, ...], repeti
     del st
     torch.cuda.empty_cache()
     return results
+
+
+ENCODER_MODES = {
+    "torchscript": {},
+    "torchscript, fuser off": {"_jit_set_texpr_fuser_enabled": False},
+    "torchscript, profiling executor off": {"_jit_set_profiling_executor": False, "_jit_set_profiling_mode": False},
+}
+
+
+def encoder_direct(repository: Path, model: Path, reference: dict, repetitions: int) -> dict:
+    """The served encoder's own session (`torchscript_session`, as its stub runs it) called in this process, one
+    sentence's tokens at a time and 32 at a time: what a call costs without Triton, under TorchScript's executors,
+    against the eager transformers model on the same tokens."""
+    import torch
+    from google.protobuf import text_format
+    from transformers import AutoModel, AutoTokenizer
+    from tritonclient.grpc import model_config_pb2
+
+    config = text_format.Parse((repository / "bert_pt_encoder" / "config.pbtxt").read_text(),
+                               model_config_pb2.ModelConfig())
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    sys.path.insert(0, str(ROOT / "models" / "framework_runner"))
+    from torchscript_session import open_session
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    texts = list(reference["timed"])
+    singles = [dict(tokenizer([t], return_tensors="np")) for t in texts[:SINGLE_CLIENT_SENTENCES]]
+    batches = [dict(tokenizer(texts[i:i + 32], padding=True, return_tensors="np")) for i in range(0, len(texts), 32)]
+    eager = AutoModel.from_pretrained(str(model)).to("cuda" if torch.cuda.is_available() else "cpu").eval()
+
+    def eager_run(inputs: dict) -> dict:
+        with torch.inference_mode():
+            out = eager(**{k: torch.from_numpy(v).to(eager.device) for k, v in inputs.items()})
+        return {"token_embeddings": out.last_hidden_state.cpu().numpy()}
+
+    def timed(run, calls: list[dict]) -> dict:
+        first = time.perf_counter()
+        for inputs in calls:
+            run(inputs)
+        first = time.perf_counter() - first
+        runs = []
+        for _ in range(repetitions):
+            t = time.perf_counter()
+            for inputs in calls:
+                run(inputs)
+            runs.append(time.perf_counter() - t)
+        return {"first_pass_ms_per_call": 1e3 * first / len(calls),
+                "ms_per_call": 1e3 * float(np.median(runs)) / len(calls)}
+
+    result = {"eager": {"single": timed(eager_run, singles), "of_32": timed(eager_run, batches)}}
+    for mode, switches in ENCODER_MODES.items():
+        for name, value in switches.items():
+            getattr(torch._C, name)(value)
+        path = repository / "bert_pt_encoder" / "1" / params["artifact"]
+        run = open_session(str(path), params)
+        result[mode] = {"single": timed(run, singles), "of_32": timed(run, batches)}
+        print(f"  encoder {mode}: {result[mode]}", flush=True)
+    return result
 
 
 def nvidia_smi(query: str) -> str:
@@ -317,7 +412,9 @@ def served(repository: Path, reference: dict, concurrencies: tuple[int, ...], re
     clients = ConcurrentClients(lambda: Client(server.url, "bert_pt"))
 
     def timed(requests: list[list[str]], c: int) -> dict:
-        return side_summary([clients.send(requests, c)[0] for _ in range(repetitions)])
+        before = model_statistics(server.url)
+        summary = side_summary([clients.send(requests, c)[0] for _ in range(repetitions)])
+        return {**summary, "models": where_time_went(before, model_statistics(server.url))}
 
     try:
         held = clients.send([[text] for text in reference["held"]], 1)[1]
@@ -362,16 +459,17 @@ def libpython_folders() -> list[str]:
             if folder and (Path(folder) / name).exists()][:1]
 
 
-def run(out: Path, concurrency: tuple[int, ...], repetitions: int, precisions: tuple[str, ...]) -> dict:
+def run(out: Path, concurrency: tuple[int, ...], repetitions: int, precisions: tuple[str, ...],
+        skip: set[str] = frozenset()) -> dict:
     """Each stage's results are written to OUT/gpu.json as they come; a stage that fails is recorded, not fatal. What
     it unpacks and builds (~450 MB) is removed at the end."""
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpu-run-", ignore_cleanup_errors=True) as folder:
-        return _run_stages(Path(folder), out, concurrency, repetitions, precisions)
+        return _run_stages(Path(folder), out, concurrency, repetitions, precisions, skip)
 
 
 def _run_stages(work: Path, out: Path, concurrency: tuple[int, ...], repetitions: int,
-                precisions: tuple[str, ...]) -> dict:
+                precisions: tuple[str, ...], skip: set[str]) -> dict:
     t = time.perf_counter()
     site, model = unpack(work)
     sys.path[:0] = [str(site)]
@@ -389,12 +487,15 @@ def _run_stages(work: Path, out: Path, concurrency: tuple[int, ...], repetitions
     stages = {
         "in_process": lambda: in_process(model, reference, precisions, repetitions),
         "build_s": lambda: build(model, dist, [], out),
+        "encoder_direct": lambda: encoder_direct(repository, model, reference, repetitions),
         "served_batching": lambda: served(repository, reference, concurrency, repetitions, out, "batching", stub_env),
         "build_unbatched_s": lambda: build(model, dist, ["dynamic_batching=false"], out),
         "served_unbatched": lambda: served(repository, reference, tuple(c for c in concurrency if c >= 8),
                                            repetitions, out, "unbatched", stub_env),
     }
     for name, stage in stages.items():
+        if name in skip:
+            continue
         try:
             report[name] = stage()
         except Exception as e:  # noqa: BLE001 - the stages after it may still run; the report says what failed
@@ -408,8 +509,8 @@ def _run_stages(work: Path, out: Path, concurrency: tuple[int, ...], repetitions
 
 def summary(report: dict) -> str:
     lines = [json.dumps(report["machine"])]
-    fp32 = report["in_process"].get("fp32", {}).get("throughput_median")
-    lines.append(f"in-process sentence-transformers b64: {report['in_process']}")
+    fp32 = report.get("in_process", {}).get("fp32", {}).get("throughput_median")
+    lines.append(f"in-process sentence-transformers b64: {report.get('in_process')}")
     for label in ("served_batching", "served_unbatched"):
         s = report.get(label, {})
         if "error" in s or not s:
@@ -421,8 +522,11 @@ def summary(report: dict) -> str:
             versus = f" ({r['throughput_median'] / fp32:.2f}x fp32 in-process)" if fp32 else ""
             lines.append(f"  c={c}: {r['throughput_median']:.0f}/s{versus} p50 {r['latency_p50_ms']:.1f} ms "
                          f"p99 {r['latency_p99_ms']:.1f} ms")
+            lines += [f"    {name}: {times}" for name, times in r.get("models", {}).items()]
         for c, r in s.get("requests_of_32", {}).items():
             lines.append(f"  32 per request c={c}: {r['throughput_median']:.0f}/s p50 {r['latency_p50_ms']:.1f} ms")
+    for mode, times in report.get("encoder_direct", {}).items():
+        lines.append(f"encoder in-process, {mode}: {times}")
     return "\n".join(lines)
 
 
@@ -435,12 +539,14 @@ def main(argv: list[str] | None = None) -> int:
     there.add_argument("--concurrency", default="1,4,8,16,64", help="served concurrencies (default: %(default)s)")
     there.add_argument("--repetitions", type=int, default=3)
     there.add_argument("--precisions", default="fp32,fp16", help="in-process sentence-transformers on the GPU")
+    there.add_argument("--skip", default="", help="stages not to run, comma-separated (in_process, encoder_direct, "
+                                                  "build_unbatched_s, served_unbatched, ...)")
     args = parser.parse_args(argv)
     if args.command == "carry":
         carry()
     else:
         print(summary(run(args.out, tuple(int(c) for c in args.concurrency.split(",")), args.repetitions,
-                          tuple(args.precisions.split(",")))))
+                          tuple(args.precisions.split(",")), set(filter(None, args.skip.split(","))))))
     return 0
 
 

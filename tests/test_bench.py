@@ -366,8 +366,9 @@ def test_gpu_run_widens_the_carried_fp16_planes_back_to_the_weights_rounded_to_f
 
 
 def test_gpu_run_client_gets_the_served_embeddings_tritonclient_gets(served):
-    """The GPU run's own HTTP client (no tritonclient there): binary texts in, binary embeddings out."""
-    from benchmarks.gpu_run import Client
+    """The GPU run's own HTTP client (no tritonclient there): binary texts in, binary embeddings out; Triton's
+    statistics say where each request's time went."""
+    from benchmarks.gpu_run import Client, model_statistics, where_time_went
     from benchmarks.sides import ConcurrentClients
     from tritonpack.client import embed
 
@@ -375,8 +376,16 @@ def test_gpu_run_client_gets_the_served_embeddings_tritonclient_gets(served):
     texts = ["Hello world", "Ünïcödé and emoji 🚀", ""]
     np.testing.assert_array_equal(Client(server.url, "bert_pt").embed(texts), embed(server.url, "bert_pt", texts))
     clients = ConcurrentClients(lambda: Client(server.url, "bert_pt"))
+    before = model_statistics(server.url)
     try:
         run, answers = clients.send([[t] for t in texts * 4], concurrency=3)  # an error raises
     finally:
         clients.close()
     assert len(answers) == 12 and run.per_second > 0
+    spent = where_time_went(before, model_statistics(server.url))
+    assert set(spent) == {"bert_pt", "bert_pt_tokenizer", "bert_pt_encoder", "bert_pt_pooling"}
+    assert {name: times["requests"] for name, times in spent.items()} == dict.fromkeys(spent, 12)
+    assert spent["bert_pt_tokenizer"]["sentences_per_execution"] == 1  # it runs each request alone
+    assert 1 <= spent["bert_pt_encoder"]["sentences_per_execution"] <= 3  # batched: at most the 3 clients' requests
+    steps = sum(spent[f"bert_pt_{step}"]["request_ms"] for step in ("tokenizer", "encoder", "pooling"))
+    assert 0 < spent["bert_pt_encoder"]["compute_infer_ms"] < steps <= spent["bert_pt"]["request_ms"] * 1.05

@@ -24,6 +24,61 @@ def test_length_groups_separates_short_from_long_when_padding_would_waste_tokens
     assert sorted(sorted(g) for g in groups) == [[0, 2], [1, 3]]
 
 
+def test_length_groups_pads_up_to_the_free_padding_tokens_whatever_their_share():
+    module = _runner_module()
+    shapes = [(1, 20), (1, 60)] * 16  # 1,280 real tokens; one group of 32 rows at 60 tokens pads 640
+    assert len(module.length_groups(shapes, max_waste=0.25)) == 2
+    assert len(module.length_groups(shapes, max_waste=0.25, free_padding=640)) == 1
+    assert len(module.length_groups(shapes, max_waste=0.25, free_padding=639)) == 2
+    one_long = [(1, 20)] * 31 + [(1, 256)]  # padding the short rows to 256 would cost 7,316 tokens
+    assert sorted(len(g) for g in module.length_groups(one_long, max_waste=0.25,
+                                                       free_padding=module.GPU_FREE_PADDING_TOKENS)) == [1, 31]
+
+
+def test_runner_weighs_padding_against_a_call_when_its_session_runs_on_a_gpu():
+    """No GPU here: the session is a stand-in that says it runs on one (`on_gpu`, as torchscript_session and
+    onnxruntime_session say on CUDA); the real sessions' attribute is tested on this CPU below."""
+    module = _runner_module()
+    shapes = []
+
+    def session(batch):
+        shapes.append(batch["input_ids"].shape)
+        return {"token_embeddings": batch["input_ids"][..., None].astype(np.float32)}
+
+    class Runner(module.FrameworkRunnerModel):
+        def open_session(self, path, params):
+            return session
+
+    lengths = [5, 40, 6, 38] * 8
+    mask = np.array([[1] * n + [0] * (40 - n) for n in lengths])
+    item = {"input_ids": np.arange(1, 1 + 40 * len(lengths)).reshape(len(lengths), 40) * mask, "attention_mask": mask}
+    config = {"input": [{"name": n, "allow_ragged_batch": True} for n in item],
+              "output": [{"name": "token_embeddings", "dims": [-1, 1]}],
+              "parameters": {"artifact": {"string_value": "x"}}}
+    args = {"model_config": json.dumps(config), "model_repository": "/nonexistent", "model_version": "1"}
+    for on_gpu, parameters, calls in ((False, {}, 2), (True, {}, 1), (True, {"free_padding_tokens": "0"}, 2)):
+        session.on_gpu = on_gpu
+        config["parameters"].update({k: {"string_value": v} for k, v in parameters.items()})
+        args["model_config"] = json.dumps(config)
+        runner = Runner()
+        runner.initialize(args)
+        shapes.clear()
+        (result,) = runner._run([item])
+        runner.finalize()
+        assert len(shapes) == calls, (on_gpu, parameters)
+        np.testing.assert_array_equal(result["token_embeddings"][..., 0], item["input_ids"].astype(np.float32))
+
+
+def test_torchscript_session_says_whether_it_runs_on_a_gpu(tmp_path):
+    import torch
+
+    session_module = load_model_module("framework_runner", "torchscript_session")
+    torch.jit.trace(torch.nn.Linear(3, 2), torch.ones(1, 3)).save(str(tmp_path / "model.pt"))
+    run = session_module.open_session(str(tmp_path / "model.pt"), {"input_order": "x", "output_order": "y"})
+    assert run({"x": np.ones((4, 3), np.float32)})["y"].shape == (4, 2)
+    assert run.on_gpu is torch.cuda.is_available()  # False on this machine, True where CUDA is
+
+
 def test_length_groups_makes_one_group_when_lengths_are_equal():
     assert len(_runner_module().length_groups([(1, 12)] * 8)) == 1
 

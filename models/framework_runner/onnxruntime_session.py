@@ -21,4 +21,5 @@ def open_session(path: str, params: dict[str, str]):
         values = session.run(output_names, {n: inputs[n] for n in input_names})
         return dict(zip(output_names, values))
 
+    run.on_gpu = "CUDAExecutionProvider" in session.get_providers()
     return run

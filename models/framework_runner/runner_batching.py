@@ -35,23 +35,31 @@ PACK_MULTIPLE = 16  # packs are padded to a multiple of this many tokens (packin
 # floor, it misses it on short texts (docs/performance.md, eighteenth round), so a session below it there that can
 # fall back does so without computing the long ones, four fifths of the check's time (thirty-fifth round).
 SHORT_REFERENCE_TOKENS = 16
+# On a GPU a call's fixed cost is what padding is weighed against: MiniLM's TorchScript on an H200 took 2.2 ms for
+# one sentence and 8.1 ms for 32 padded to their longest (~7,300 tokens), ~0.8 µs a token, so a call costs as much
+# as ~2,500 padding tokens; the CPU's share alone split a request of 32 into calls that made it 3x slower served
+# (docs/performance.md, fortieth round). A session that runs on a GPU says so (`on_gpu`).
+GPU_FREE_PADDING_TOKENS = 2500
 
 
-def length_groups(shapes: list[tuple[int, int]], max_waste: float = MAX_PADDING_WASTE) -> list[list[int]]:
+def length_groups(shapes: list[tuple[int, int]], max_waste: float = MAX_PADDING_WASTE,
+                  free_padding: int = 0) -> list[list[int]]:
     """Indices of requests, shaped (rows, sequence length), grouped so each group's padding stays small.
 
     Requests are sorted by length and a group grows while padding everyone to its longest wastes at most
-    `max_waste` of the group's tokens: one framework call per group instead of one for the whole batch padded
-    to its longest (short sentences batched with a long one cost as much as the long one).
+    `max_waste` of the group's tokens, or at most `free_padding` tokens whatever the share: one framework call per
+    group instead of one for the whole batch padded to its longest (short sentences batched with a long one cost as
+    much as the long one), unless a call costs more than that much padding.
     """
     order = sorted(range(len(shapes)), key=lambda i: shapes[i][1])
     groups: list[list[int]] = []
     rows = real = 0
     for i in order:
         n, length = shapes[i]
-        if groups and (rows + n) * length <= (1 + max_waste) * (real + n * length):
+        padded, used = (rows + n) * length, real + n * length
+        if groups and (padded <= (1 + max_waste) * used or padded - used <= free_padding):
             groups[-1].append(i)
-            rows, real = rows + n, real + n * length
+            rows, real = rows + n, used
         else:
             groups.append([i])
             rows, real = n, n * length
@@ -64,6 +72,7 @@ class FrameworkRunnerModel:
     pb_utils = None
     max_pack_tokens = 0  # set from the config's parameters in initialize; 0: the artifact is not packed
     max_pack_rows = 0  # 0: no limit on sentences per pack
+    free_padding = 0  # padding tokens a group may hold whatever their share (GPU_FREE_PADDING_TOKENS on a GPU)
     idle_heap = nullcontext()  # initialize starts a HeapReturnedWhenIdle; a runner set up in-process without it none
 
     def initialize(self, args):
@@ -82,7 +91,6 @@ class FrameworkRunnerModel:
         else:
             self.input_names = [i["name"] for i in config["input"]]
             self.ragged = any(i.get("allow_ragged_batch") for i in config["input"])
-        self.max_padding_waste = float(params.get("max_padding_waste", MAX_PADDING_WASTE))
         self.trimmed_outputs = {o["name"] for o in config["output"] if self.ragged and int(o["dims"][0]) == -1}
         self.max_pack_tokens = int(params.get("max_pack_tokens", "0"))
         self.max_pack_rows = int(params.get("max_pack_rows", "0"))
@@ -92,6 +100,9 @@ class FrameworkRunnerModel:
             raise ValueError(f"parameter index_rows names {sorted(unknown)}, not inputs of this model")
         path = os.path.join(folder, params["artifact"])
         self.session = self.open_session(path, params)
+        self.max_padding_waste = float(params.get("max_padding_waste", MAX_PADDING_WASTE))
+        self.free_padding = int(params.get("free_padding_tokens",
+                                           GPU_FREE_PADDING_TOKENS if getattr(self.session, "on_gpu", False) else 0))
         checked = bool(params.get("reference"))
         if checked:
             self._check_reference(path, params, os.path.join(folder, params["reference"]))
@@ -212,7 +223,7 @@ class FrameworkRunnerModel:
             return self._run_padded(items)
         results: list = [None] * len(items)
         shapes = [item[self.input_names[0]].shape[:2] for item in items]
-        for group in length_groups(shapes, self.max_padding_waste):
+        for group in length_groups(shapes, self.max_padding_waste, self.free_padding):
             for i, result in zip(group, self._run_padded([items[i] for i in group])):
                 results[i] = result
         return results
@@ -223,7 +234,8 @@ class FrameworkRunnerModel:
         are zero; those up to it hold whatever the encoder gave the padding, which pooling masks out)."""
         rows = [(i, r, max(int(mask.sum()), 1)) for i, item in enumerate(items) for r, mask in enumerate(item[MASK])]
         results = [{} for _ in items]
-        for group in length_groups([(1, length) for _, _, length in rows], self.max_padding_waste):
+        for group in length_groups([(1, length) for _, _, length in rows], self.max_padding_waste,
+                                   self.free_padding):
             longest = max(rows[k][2] for k in group)
             batch = {n: np.stack([_fit(items[rows[k][0]][n][rows[k][1]], longest)
                                   for k in group]) for n in self.input_names}

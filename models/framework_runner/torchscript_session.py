@@ -25,4 +25,5 @@ def open_session(path: str, params: dict[str, str]):
             result = (result,)
         return {name: value.float().cpu().numpy() for name, value in zip(output_names, result)}
 
+    run.on_gpu = device.type == "cuda"
     return run
