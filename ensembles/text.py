@@ -28,6 +28,9 @@ class TextServing:
     tokenizer_instances: int = 1
     pooling_instances: int = 1
     max_queue_delay_microseconds: int = 2000
+    # The pooling step gets an encoder batch's rows at once: a short delay keeps that batch whole, where the encoder's
+    # made each request wait for the next batch, one encoder call later (2 ms a request; performance.md, fortieth round)
+    pooling_queue_delay_microseconds: int = 100
     max_text_bytes: int = MAX_TEXT_BYTES  # per TEXT element, rendered into the tokenizer's parameters
     # The tokenizer is the step that reads client bytes. Triton's python backend fails every request of a
     # dynamic batch when one carries malformed BYTES framing (README, "Reliability"), so by default it runs
@@ -64,10 +67,12 @@ class TextServing:
             raise SpecError(f"TextServing: tokenizer_instances, pooling_instances and encoder_instances must be at "
                             f"least 1, got {self.tokenizer_instances}, {self.pooling_instances}, "
                             f"{self.encoder_instances}")
-        if min(self.encoder_threads, self.max_queue_delay_microseconds, *self.preferred_batch_size) < 0:
-            raise SpecError(f"TextServing: encoder_threads (0: the library's default), max_queue_delay_microseconds "
-                            f"and preferred_batch_size cannot be negative, got {self.encoder_threads}, "
-                            f"{self.max_queue_delay_microseconds}, {self.preferred_batch_size}")
+        if min(self.encoder_threads, self.max_queue_delay_microseconds, self.pooling_queue_delay_microseconds,
+               *self.preferred_batch_size) < 0:
+            raise SpecError(f"TextServing: encoder_threads (0: the library's default), max_queue_delay_microseconds, "
+                            f"pooling_queue_delay_microseconds and preferred_batch_size cannot be negative, got "
+                            f"{self.encoder_threads}, {self.max_queue_delay_microseconds}, "
+                            f"{self.pooling_queue_delay_microseconds}, {self.preferred_batch_size}")
         if max(self.preferred_batch_size, default=0) > self.max_batch_size:
             raise SpecError(f"TextServing: preferred_batch_size {self.preferred_batch_size} exceeds max_batch_size "
                             f"{self.max_batch_size} (Triton refuses the model)")
@@ -105,6 +110,11 @@ class TextServing:
             return None
         return DynamicBatching(preferred_batch_size=self.preferred_batch_size,
                                max_queue_delay_microseconds=self.max_queue_delay_microseconds)
+
+    def pooling_batching(self) -> DynamicBatching | None:
+        if not self.dynamic_batching:
+            return None
+        return DynamicBatching(max_queue_delay_microseconds=self.pooling_queue_delay_microseconds)
 
 
 @dataclass(frozen=True)

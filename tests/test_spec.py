@@ -125,3 +125,15 @@ def test_build_request_rejects_target_when_recipe_lacks_it():
         BuildRequest("bert", "tpu")
     with pytest.raises(SpecError, match="unknown ensemble"):
         BuildRequest("gpt", "cpu")
+
+
+def test_pooling_step_batches_with_its_own_short_delay_while_the_encoder_waits_longer():
+    from tritonpack.ensembles.text import TextServing
+
+    serving = TextServing()
+    assert serving.batching().max_queue_delay_microseconds == 2000
+    assert serving.pooling_batching() == DynamicBatching(max_queue_delay_microseconds=100)
+    assert serving.with_overrides((("pooling_queue_delay_microseconds", "0"),)).pooling_batching() == DynamicBatching()
+    assert serving.with_overrides((("dynamic_batching", "false"),)).pooling_batching() is None
+    with pytest.raises(SpecError, match="pooling_queue_delay_microseconds and preferred_batch_size cannot be negative"):
+        TextServing(pooling_queue_delay_microseconds=-1)

@@ -157,7 +157,8 @@ def text_ensemble(name: str, source: SentenceTransformerSource, encoder: ModelFo
                 inputs=(Tensor(TOKEN_EMBEDDINGS, "TYPE_FP32", (-1, source.hidden_size), allow_ragged_batch=True),
                         Tensor("attention_mask", "TYPE_INT64", (-1,), allow_ragged_batch=True)),
                 outputs=(embedding,), instance_group=(InstanceGroup("KIND_CPU", serving.pooling_instances),),
-                dynamic_batching=batching, parameters={"normalize": "true" if source.normalize else "false"},
+                dynamic_batching=serving.pooling_batching(),
+                parameters={"normalize": "true" if source.normalize else "false"},
             ),
             "mean_pooling",
         )
