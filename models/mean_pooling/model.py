@@ -3,7 +3,7 @@
 import json
 
 import triton_python_backend_utils as pb_utils
-from batched_requests import ClientError, pad_and_concat, read_input, respond_all, split_rows
+from batched_requests import ClientError, read_input, respond_all
 from pooling import mean_pool
 from resident_memory import drop_load_only_file_pages
 
@@ -28,7 +28,5 @@ class TritonPythonModel:
                               f"attention_mask [rows, tokens], got attention_mask {list(mask.shape)}")
         return embeddings, mask
 
-    def _pool(self, items):
-        embeddings = mean_pool(pad_and_concat([e for e, _ in items]), pad_and_concat([m for _, m in items]),
-                               self.normalize)
-        return split_rows(embeddings, [len(m) for _, m in items])
+    def _pool(self, items):  # each request as it came: no copy into one batch padded to its longest
+        return [mean_pool(embeddings, mask, self.normalize) for embeddings, mask in items]
