@@ -16,7 +16,8 @@ sentence-transformers' fp32 embeddings of the latter, made here on the CPU from 
 it with dynamic batching on and off, and times served sentences/s by concurrency against sentence-transformers
 in-process on the same GPU (batch 64), with cosines against the CPU reference; Triton's statistics say where each
 served request's time went (per step: queued, computing), and the served encoder's own session is timed in-process
-per call (one sentence, 32 padded) under TorchScript's executors. `--skip` leaves stages out.
+per call (one sentence, 32 padded) under TorchScript's executors. `--skip` leaves stages out; `--serving KEY=VALUE`
+sets the builds' serving settings (a queue delay to compare, say).
 """
 
 from __future__ import annotations
@@ -460,16 +461,16 @@ def libpython_folders() -> list[str]:
 
 
 def run(out: Path, concurrency: tuple[int, ...], repetitions: int, precisions: tuple[str, ...],
-        skip: set[str] = frozenset()) -> dict:
+        skip: set[str] = frozenset(), serving: list[str] = ()) -> dict:
     """Each stage's results are written to OUT/gpu.json as they come; a stage that fails is recorded, not fatal. What
     it unpacks and builds (~450 MB) is removed at the end."""
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpu-run-", ignore_cleanup_errors=True) as folder:
-        return _run_stages(Path(folder), out, concurrency, repetitions, precisions, skip)
+        return _run_stages(Path(folder), out, concurrency, repetitions, precisions, skip, list(serving))
 
 
 def _run_stages(work: Path, out: Path, concurrency: tuple[int, ...], repetitions: int,
-                precisions: tuple[str, ...], skip: set[str]) -> dict:
+                precisions: tuple[str, ...], skip: set[str], serving: list[str]) -> dict:
     t = time.perf_counter()
     site, model = unpack(work)
     sys.path[:0] = [str(site)]
@@ -479,17 +480,18 @@ def _run_stages(work: Path, out: Path, concurrency: tuple[int, ...], repetitions
     os.environ["LD_LIBRARY_PATH"] = os.pathsep.join([*libpython_folders(), os.environ.get("LD_LIBRARY_PATH", "")])
     os.environ["TRITONPACK_CACHE"] = str(work / "cache")
     stub_env = stub_python(work, site)
-    report: dict = {"machine": machine(), "unpack_s": time.perf_counter() - t, "stub_numpy_1": bool(stub_env)}
+    report: dict = {"machine": machine(), "unpack_s": time.perf_counter() - t, "stub_numpy_1": bool(stub_env),
+                    "serving": serving}
     print(json.dumps(report["machine"]), flush=True)
     reference = load_reference()
     dist = work / "dist"
     repository = dist / "bert_pt-portable"
     stages = {
         "in_process": lambda: in_process(model, reference, precisions, repetitions),
-        "build_s": lambda: build(model, dist, [], out),
+        "build_s": lambda: build(model, dist, serving, out),
         "encoder_direct": lambda: encoder_direct(repository, model, reference, repetitions),
         "served_batching": lambda: served(repository, reference, concurrency, repetitions, out, "batching", stub_env),
-        "build_unbatched_s": lambda: build(model, dist, ["dynamic_batching=false"], out),
+        "build_unbatched_s": lambda: build(model, dist, [*serving, "dynamic_batching=false"], out),
         "served_unbatched": lambda: served(repository, reference, tuple(c for c in concurrency if c >= 8),
                                            repetitions, out, "unbatched", stub_env),
     }
@@ -539,6 +541,8 @@ def main(argv: list[str] | None = None) -> int:
     there.add_argument("--concurrency", default="1,4,8,16,64", help="served concurrencies (default: %(default)s)")
     there.add_argument("--repetitions", type=int, default=3)
     there.add_argument("--precisions", default="fp32,fp16", help="in-process sentence-transformers on the GPU")
+    there.add_argument("--serving", action="append", default=[], metavar="KEY=VALUE",
+                       help="serving settings for both builds, as tritonpack build takes them (repeatable)")
     there.add_argument("--skip", default="", help="stages not to run, comma-separated (in_process, encoder_direct, "
                                                   "build_unbatched_s, served_unbatched, ...)")
     args = parser.parse_args(argv)
@@ -546,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         carry()
     else:
         print(summary(run(args.out, tuple(int(c) for c in args.concurrency.split(",")), args.repetitions,
-                          tuple(args.precisions.split(",")), set(filter(None, args.skip.split(","))))))
+                          tuple(args.precisions.split(",")), set(filter(None, args.skip.split(","))), args.serving)))
     return 0
 
 
