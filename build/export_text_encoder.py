@@ -237,25 +237,52 @@ def _load_device_portable(model_dir: Path):
     return DevicePortableTokenEmbeddings().eval()
 
 
+def _pooling(encoder, normalize: bool):
+    """`encoder` answering each row's mean over its real tokens (then L2-normalised with `normalize`), as
+    sentence-transformers' Pooling(mean) [+ Normalize], instead of its token embeddings."""
+    import torch
+
+    class MeanPooled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
+            tokens = self.encoder(input_ids, attention_mask, token_type_ids)
+            weights = attention_mask.to(tokens.dtype).unsqueeze(-1)
+            means = (tokens * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(means, dim=1) if normalize else means
+
+    return MeanPooled().eval()
+
+
 @producer("text-encoder-torchscript", libraries=("torch", "transformers"), code=(Path(torchscript.__file__),))
-def encoder_torchscript(out_dir: Path, source: SentenceTransformerSource) -> None:
+def encoder_torchscript(out_dir: Path, source: SentenceTransformerSource, pooled: bool = False) -> None:
     """`model.pt`, traced with the inputs named like the forward's arguments (pytorch_libtorch's convention); it runs
-    on whichever device its inputs are (a graph that fixes one is refused)."""
+    on whichever device its inputs are (a graph that fixes one is refused). `pooled`: it answers the sentence
+    embedding (`_pooling`) instead of token embeddings, checked against the pooled PyTorch forward."""
     import torch
 
     inputs = check_inputs(source)
     tensors = tuple(torch.from_numpy(inputs[n]) for n in source.input_names)
+    module = _load_device_portable(source.path)
+    if pooled:
+        module = _pooling(module, source.normalize)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        traced = torch.jit.trace(_load_device_portable(source.path), tensors, strict=False)
+        traced = torch.jit.trace(module, tensors, strict=False)
     if devices := torchscript.fixed_devices(traced):
         raise RuntimeError(f"TorchScript export of {source.path}: its graph fixes the device {', '.join(devices)}, "
                            f"so it would fail on any other (a GPU); export this model as ONNX instead")
     torchscript.save(traced, out_dir / "model.pt")
     with torch.inference_mode():
         actual = torch.jit.load(str(out_dir / "model.pt"))(*tensors).numpy()
-    _check("TorchScript export", source,
-           max_diff_on_real_tokens(_expected(source, inputs), actual, inputs["attention_mask"]))
+    expected, mask = _expected(source, inputs), inputs["attention_mask"]
+    if pooled:
+        _check("pooled TorchScript export", source,
+               float(np.abs(mean_pooled(expected, mask, source.normalize) - actual).max()))
+    else:
+        _check("TorchScript export", source, max_diff_on_real_tokens(expected, actual, mask))
 
 
 @producer("text-encoder-fused", libraries=("onnxruntime",))

@@ -46,7 +46,8 @@ class TextServing:
     # > 0: run an ONNX encoder packed (portable only): up to this many real tokens of several sentences as one
     # sequence, no padding (models/framework_runner/packing.py); 0: batches padded per length group.
     encoder_pack_tokens: int = 0
-    # with packing: mean pooling (+ normalisation) inside the encoder graph, so the ensemble has no pooling step
+    # mean pooling (+ normalisation) inside the encoder graph, so the ensemble has no pooling step: the packed ONNX
+    # export (with encoder_pack_tokens), or the TorchScript export
     encoder_pooling: bool = False
     # with pooling: the pooled export's fixed number of sentence slots, which is also the most sentences a pack
     # takes (OpenVINO's memory stays flat when the graph's row count does not vary); 0: one row per sentence
@@ -82,8 +83,6 @@ class TextServing:
         if self.encoder_pack_tokens < 0:
             raise SpecError(f"TextServing: encoder_pack_tokens must be 0 (no packing) or positive, got "
                             f"{self.encoder_pack_tokens}")
-        if self.encoder_pooling and not self.encoder_pack_tokens:
-            raise SpecError("TextServing: encoder_pooling needs encoder_pack_tokens > 0 (the packed export pools)")
         if self.encoder_precision not in ENCODER_PRECISIONS:  # fp16 raised a KeyError deep in the encoder's check
             raise SpecError(f"TextServing: encoder_precision must be one of {', '.join(ENCODER_PRECISIONS)}, "
                             f"got {self.encoder_precision!r}")
@@ -98,6 +97,9 @@ class TextServing:
         if self.encoder_tokenizes and not self.encoder_pooling:
             raise SpecError("TextServing: encoder_tokenizes needs encoder_pooling (the encoder's answer is then the "
                             "embedding); add --serving encoder_tokenizes=false")
+        if self.encoder_tokenizes and not self.encoder_pack_tokens:
+            raise SpecError("TextServing: encoder_tokenizes needs the packed export (encoder_pack_tokens > 0); add "
+                            "--serving encoder_tokenizes=false")
         if self.encoder_weights != "fp32" and self.encoder_runtime != "openvino":
             raise SpecError(f"TextServing: encoder_weights {self.encoder_weights} needs encoder_runtime=openvino")
 

@@ -383,9 +383,9 @@ def test_gpu_run_client_gets_the_served_embeddings_tritonclient_gets(served):
         clients.close()
     assert len(answers) == 12 and run.per_second > 0
     spent = where_time_went(before, model_statistics(server.url))
-    assert set(spent) == {"bert_pt", "bert_pt_tokenizer", "bert_pt_encoder", "bert_pt_pooling"}
+    assert set(spent) == {"bert_pt", "bert_pt_tokenizer", "bert_pt_encoder"}  # the encoder pools
     assert {name: times["requests"] for name, times in spent.items()} == dict.fromkeys(spent, 12)
     assert spent["bert_pt_tokenizer"]["sentences_per_execution"] == 1  # it runs each request alone
     assert 1 <= spent["bert_pt_encoder"]["sentences_per_execution"] <= 3  # batched: at most the 3 clients' requests
-    steps = sum(spent[f"bert_pt_{step}"]["request_ms"] for step in ("tokenizer", "encoder", "pooling"))
+    steps = sum(spent[f"bert_pt_{step}"]["request_ms"] for step in ("tokenizer", "encoder"))
     assert 0 < spent["bert_pt_encoder"]["compute_infer_ms"] < steps <= spent["bert_pt"]["request_ms"] * 1.05

@@ -568,15 +568,15 @@ def test_check_deep_refuses_a_torchscript_whose_graph_fixes_the_cpu_when_it_runs
     import torch
 
     from tritonpack.build import torchscript
-    from tritonpack.build.export_text_encoder import _load, check_inputs
+    from tritonpack.build.export_text_encoder import _load, _pooling, check_inputs
     from tritonpack.build.text_source import SentenceTransformerSource
 
     source = SentenceTransformerSource.resolve(None)
     inputs = check_inputs(source)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tracer's warnings about transformers' Python-level shape logic
-        traced = torch.jit.trace(_load(source.path), tuple(torch.from_numpy(inputs[n]) for n in source.input_names),
-                                 strict=False)
+        traced = torch.jit.trace(_pooling(_load(source.path), source.normalize),
+                                 tuple(torch.from_numpy(inputs[n]) for n in source.input_names), strict=False)
     for target in ("gpu", "cpu"):
         repo = hand_assembled(native_repository("bert_pt", target), tmp_path / target)
         assert check(repo, deep=True).ok  # as built now

@@ -14,6 +14,7 @@ import pytest
 
 import tritonpack.build.export_text_encoder as export_text_encoder
 from tests.texts import SENTENCES, assert_embeddings_match
+from tritonpack.assembly.text import encoder_artifact
 from tritonpack.build.text_source import SentenceTransformerSource
 from tritonpack.components import SHARED_DIR, Artifact, StepSettings, framework_model, load_model_module
 from tritonpack.ensembles.text import TextServing
@@ -484,7 +485,13 @@ def test_portable_openvino_runner_gets_the_ir_and_its_weights_file_when_built(tm
     (lambda p: framework_model("enc", Artifact("onnx", p, packed=True), "cpu", (), (),
                                StepSettings(8, None, max_pack_tokens=64)), "only the portable runner feeds"),
     (lambda p: TextServing(encoder_pack_tokens=-1), "encoder_pack_tokens must be 0"),
-    (lambda p: TextServing(encoder_pooling=True), "encoder_pooling needs encoder_pack_tokens > 0"),
+    (lambda p: encoder_artifact("onnx", "portable", None, TextServing(encoder_pooling=True), False, None),
+     "encoder_pooling of an ONNX encoder needs encoder_pack_tokens > 0"),
+    (lambda p: encoder_artifact("torchscript", "portable", None, TextServing(encoder_pack_tokens=256), False, None),
+     "a TorchScript encoder runs unpacked"),
+    (lambda p: encoder_artifact("tensorrt_plan", "gpu", None, TextServing(encoder_pooling=True), False, None),
+     "encoder_runtime, encoder_pack_tokens and encoder_pooling are for cpu/portable"),
+    (lambda p: TextServing(encoder_pooling=True, encoder_tokenizes=True), "encoder_tokenizes needs the packed export"),
     (lambda p: TextServing(encoder_runtime="tensorrt"), "encoder_runtime must be one of onnxruntime, openvino"),
     (lambda p: TextServing(encoder_precision="bf16"), "encoder_precision bf16 needs encoder_runtime=openvino"),
     (lambda p: TextServing(encoder_pack_rows=64), "encoder_pack_rows are the pooled export's sentence slots"),

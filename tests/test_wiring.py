@@ -22,7 +22,7 @@ def _copy(configs):
 @pytest.mark.parametrize(("name", "target", "steps"), [
     ("bert", "portable", ("tokenizer", "encoder")),  # the packed encoder pools itself
     ("bert", "cpu", ("tokenizer", "encoder", "pooling")),
-    ("bert_pt", "portable", ("tokenizer", "encoder", "pooling")),
+    ("bert_pt", "portable", ("tokenizer", "encoder")),  # its TorchScript pools in its graph
 ])
 def test_wiring_has_no_problems_when_ensemble_is_built(name, target, steps, build_ensemble):
     repository = build_ensemble(name, target).repository

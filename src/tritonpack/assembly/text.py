@@ -82,11 +82,16 @@ def encoder_artifact(fmt: str, target: str, source: SentenceTransformerSource, s
     packing, pooling, stored weights). The portable runner reads OpenVINO's IR (half the size with fp16 weights,
     read faster than ONNX); Triton's openvino backend on `cpu` gets the ONNX file."""
     if fmt == "torchscript":
-        return Artifact("torchscript", cache.get(encoder_torchscript, source=source) / "model.pt")
+        if serving.encoder_pack_tokens:
+            raise SpecError("a TorchScript encoder runs unpacked: encoder_pack_tokens is for ONNX encoders")
+        return Artifact("torchscript", cache.get(encoder_torchscript, source=source, pooled=serving.encoder_pooling)
+                        / "model.pt")
     if fmt == "tensorrt_plan":
-        if serving.encoder_runtime != "onnxruntime" or serving.encoder_pack_tokens:
-            raise SpecError("the gpu target runs its encoder as a TensorRT plan: encoder_runtime and "
-                            "encoder_pack_tokens are for cpu/portable")
+        if serving.encoder_runtime != "onnxruntime" or serving.encoder_pack_tokens or serving.encoder_pooling:
+            raise SpecError("the gpu target runs its encoder as a TensorRT plan: encoder_runtime, "
+                            "encoder_pack_tokens and encoder_pooling are for cpu/portable")
+    elif serving.encoder_pooling and not serving.encoder_pack_tokens:
+        raise SpecError("encoder_pooling of an ONNX encoder needs encoder_pack_tokens > 0 (the packed export pools)")
         require_tensorrt()  # before the export it would build from
         onnx = cache.get(encoder_onnx, source=source) / "model.onnx"
         plan = cache.get(tensorrt_plan, onnx=onnx, profiles=text_profiles(source, serving.max_batch_size), fp16=fp16)
@@ -148,8 +153,8 @@ def text_ensemble(name: str, source: SentenceTransformerSource, encoder: ModelFo
     token_map = {t.name: t.name for t in token_tensors}
     steps = [EnsembleStep(tokenizer.spec.name, {text.name: io.input}, token_map)]
     models = [tokenizer, encoder]
-    if encoder.spec.outputs[0].name == embedding.name:
-        steps.append(EnsembleStep(encoder.spec.name, token_map, {embedding.name: io.output}))
+    if serving.encoder_pooling:
+        steps.append(EnsembleStep(encoder.spec.name, token_map, {encoder.spec.outputs[0].name: io.output}))
     else:
         pooling = python_model(
             ModelSpec(
