@@ -1,6 +1,9 @@
-"""`bert_pt`: tokenizer → BERT encoder as TorchScript (pytorch_libtorch; torch in python on portable), which also
-mean-pools: its traced graph answers the sentence embedding, so no pooling step and no [tokens × hidden] tensor
-between steps (docs/performance.md, fortieth round)."""
+"""`bert_pt`: tokenizer → BERT encoder as TorchScript (pytorch_libtorch; torch in python on portable) → pooling.
+
+On `portable` the traced graph also mean-pools, so the ensemble is tokenizer → encoder: no pooling process and no
+[tokens × hidden] tensor between steps (docs/performance.md, fortieth round); `cpu`/`gpu` keep the reusable pooling
+step (`--serving encoder_pooling=true` pools in their graph too).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,6 @@ from .text import TextRecipe, TextServing
 RECIPE = TextRecipe(
     name="bert_pt",
     encoder={"gpu": "torchscript", "cpu": "torchscript", "portable": "torchscript"},
-    serving={"gpu": TextServing(tokenizer_instances=2, encoder_pooling=True),
-             "cpu": TextServing(encoder_pooling=True), "portable": TextServing(encoder_pooling=True)},
+    serving={"gpu": TextServing(tokenizer_instances=2), "cpu": TextServing(),
+             "portable": TextServing(encoder_pooling=True)},
 )

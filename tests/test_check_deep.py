@@ -568,15 +568,15 @@ def test_check_deep_refuses_a_torchscript_whose_graph_fixes_the_cpu_when_it_runs
     import torch
 
     from tritonpack.build import torchscript
-    from tritonpack.build.export_text_encoder import _load, _pooling, check_inputs
+    from tritonpack.build.export_text_encoder import _load, check_inputs
     from tritonpack.build.text_source import SentenceTransformerSource
 
     source = SentenceTransformerSource.resolve(None)
     inputs = check_inputs(source)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tracer's warnings about transformers' Python-level shape logic
-        traced = torch.jit.trace(_pooling(_load(source.path), source.normalize),
-                                 tuple(torch.from_numpy(inputs[n]) for n in source.input_names), strict=False)
+        traced = torch.jit.trace(_load(source.path), tuple(torch.from_numpy(inputs[n]) for n in source.input_names),
+                                 strict=False)
     for target in ("gpu", "cpu"):
         repo = hand_assembled(native_repository("bert_pt", target), tmp_path / target)
         assert check(repo, deep=True).ok  # as built now
@@ -590,3 +590,16 @@ def test_check_deep_refuses_a_torchscript_whose_graph_fixes_the_cpu_when_it_runs
         assert (problem.file, problem.field) == ("bert_pt_encoder/1/model.pt", "file")
         assert problem.reason.startswith("its graph moves tensors to cpu whatever device they are on (fixed when it "
                                          "was traced), so on KIND_GPU forward() fails")
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_bert_pt_pooled_in_its_graph_passes_check_deep_on_the_native_targets(build_ensemble, target):
+    """`--serving encoder_pooling=true` on cpu/gpu: pytorch_libtorch runs the pooled TorchScript, which check --deep
+    loads and runs on the CPU against the config (output EMBEDDING__0, [384] per row); no pooling step."""
+    repo = build_ensemble("bert_pt", target, serving=(("encoder_pooling", "true"),)).repository
+    report = check(repo, deep=True)
+    assert report.ok, report.problems
+    assert report.models == ["bert_pt", "bert_pt_encoder", "bert_pt_tokenizer"]
+    encoder = parse_config((repo / "bert_pt_encoder" / "config.pbtxt").read_text())
+    assert encoder.platform == "pytorch_libtorch"
+    assert [(o.name, list(o.dims)) for o in encoder.output] == [("EMBEDDING__0", [384])]
