@@ -90,12 +90,12 @@ def encoder_artifact(fmt: str, target: str, source: SentenceTransformerSource, s
         if serving.encoder_runtime != "onnxruntime" or serving.encoder_pack_tokens or serving.encoder_pooling:
             raise SpecError("the gpu target runs its encoder as a TensorRT plan: encoder_runtime, "
                             "encoder_pack_tokens and encoder_pooling are for cpu/portable")
-    elif serving.encoder_pooling and not serving.encoder_pack_tokens:
-        raise SpecError("encoder_pooling of an ONNX encoder needs encoder_pack_tokens > 0 (the packed export pools)")
         require_tensorrt()  # before the export it would build from
         onnx = cache.get(encoder_onnx, source=source) / "model.onnx"
         plan = cache.get(tensorrt_plan, onnx=onnx, profiles=text_profiles(source, serving.max_batch_size), fp16=fp16)
         return Artifact("tensorrt_plan", plan / "model.plan")
+    if serving.encoder_pooling and not serving.encoder_pack_tokens:
+        raise SpecError("encoder_pooling of an ONNX encoder needs encoder_pack_tokens > 0 (the packed export pools)")
     packed = serving.encoder_pack_tokens > 0
     if packed:
         onnx = cache.get(encoder_packed, source=source, pooled=serving.encoder_pooling,
