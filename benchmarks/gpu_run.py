@@ -16,7 +16,7 @@ sentence-transformers' fp32 embeddings of the latter, made here on the CPU from 
 it with dynamic batching on and off, and times served sentences/s by concurrency against sentence-transformers
 in-process on the same GPU (batch 64), with cosines against the CPU reference; Triton's statistics say where each
 served request's time went (per step: queued, computing), and the served encoder's own session is timed in-process
-per call (one sentence, 32 padded) under TorchScript's executors. `--skip` leaves stages out; `--serving KEY=VALUE`
+per call (one sentence, 32 padded). `--skip` leaves stages out; `--serving KEY=VALUE`
 sets the builds' serving settings (a queue delay to compare, say).
 """
 
@@ -310,25 +310,17 @@ def in_process(model: Path, reference: dict, precisions: tuple[str, ...], repeti
     return results
 
 
-ENCODER_MODES = {
-    "torchscript": {},
-    "torchscript, fuser off": {"_jit_set_texpr_fuser_enabled": False},
-    "torchscript, profiling executor off": {"_jit_set_profiling_executor": False, "_jit_set_profiling_mode": False},
-}
-
-
 def encoder_direct(repository: Path, model: Path, reference: dict, repetitions: int) -> dict:
     """The served encoder's own session (`torchscript_session`, as its stub runs it) called in this process, one
-    sentence's tokens at a time and 32 at a time: what a call costs without Triton, under TorchScript's executors,
-    against the eager transformers model on the same tokens."""
+    sentence's tokens at a time and 32 at a time: what a call costs without Triton, against the eager transformers
+    model on the same tokens."""
     import torch
-    from google.protobuf import text_format
     from transformers import AutoModel, AutoTokenizer
-    from tritonclient.grpc import model_config_pb2
 
-    config = text_format.Parse((repository / "bert_pt_encoder" / "config.pbtxt").read_text(),
-                               model_config_pb2.ModelConfig())
-    params = {k: v.string_value for k, v in config.parameters.items()}
+    from tritonpack.spec import parse_config
+
+    encoder = repository / "bert_pt_encoder"
+    params = {k: v.string_value for k, v in parse_config((encoder / "config.pbtxt").read_text()).parameters.items()}
     sys.path.insert(0, str(ROOT / "models" / "framework_runner"))
     from torchscript_session import open_session
 
@@ -357,15 +349,9 @@ def encoder_direct(repository: Path, model: Path, reference: dict, repetitions: 
         return {"first_pass_ms_per_call": 1e3 * first / len(calls),
                 "ms_per_call": 1e3 * float(np.median(runs)) / len(calls)}
 
-    result = {"eager": {"single": timed(eager_run, singles), "of_32": timed(eager_run, batches)}}
-    for mode, switches in ENCODER_MODES.items():
-        for name, value in switches.items():
-            getattr(torch._C, name)(value)
-        path = repository / "bert_pt_encoder" / "1" / params["artifact"]
-        run = open_session(str(path), params)
-        result[mode] = {"single": timed(run, singles), "of_32": timed(run, batches)}
-        print(f"  encoder {mode}: {result[mode]}", flush=True)
-    return result
+    run = open_session(str(encoder / "1" / params["artifact"]), params)
+    return {side: {"single": timed(call, singles), "of_32": timed(call, batches)}
+            for side, call in (("eager", eager_run), ("torchscript", run))}
 
 
 def nvidia_smi(query: str) -> str:

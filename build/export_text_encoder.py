@@ -308,9 +308,13 @@ def encoder_fused(out_dir: Path, source: SentenceTransformerSource, onnx: Path) 
 
 
 def mean_pooled(token_embeddings: np.ndarray, mask: np.ndarray, normalize: bool) -> np.ndarray:
-    weights = mask[:, :, None].astype(np.float32)
-    means = (token_embeddings * weights).sum(1) / np.clip(weights.sum(1), 1e-9, None)
-    return means / np.linalg.norm(means, axis=1, keepdims=True) if normalize else means
+    """The served pooling step's mean (models/shared/pooling.py), so the build checks what serving computes."""
+    return _pooling_module().mean_pool(token_embeddings, mask, normalize)
+
+
+@functools.cache
+def _pooling_module():
+    return load_model_module("mean_pooling", "pooling")
 
 
 @producer("text-encoder-packed", libraries=("torch", "transformers", "onnx"), code=(RUNNER_DIR / "packing.py",))

@@ -41,6 +41,10 @@ MODEL_GONE = re.compile(r"Request for unknown model: '[^']*' is not found")
 NO_DISK_SPACE = re.compile(r"No space left on device|Failed to create environment directory")
 
 
+def _mb(kb: int) -> float:
+    return round(kb / proc.KB_PER_MB, 1)
+
+
 def model_gone(reply: Reply) -> bool:
     """Triton did not resolve the target's name (its answer is 400; a 200's output may hold any text)."""
     return reply.status != 200 and MODEL_GONE.search(reply.message) is not None
@@ -288,9 +292,8 @@ class ModelManager:
             owner = next((t for t, folder in folders.items() if model_file.is_relative_to(folder)), None)
             if owner is not None:
                 loaded[owner] += kb
-        return {"total": round(memory.total / proc.KB_PER_MB, 1),
-                "tritonserver": round(memory.tritonserver / proc.KB_PER_MB, 1),
-                "loaded": {target: round(kb / proc.KB_PER_MB, 1) for target, kb in loaded.items()}}
+        return {"total": _mb(memory.total), "tritonserver": _mb(memory.tritonserver),
+                "loaded": {target: _mb(kb) for target, kb in loaded.items()}}
 
     def loaded(self, target: str) -> bool:
         return self.slots.phase(target) is Phase.LOADED
