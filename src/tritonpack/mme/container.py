@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from tritonpack.container_python import ContainerPython
 from tritonpack.containers import CONTAINER_ENVIRONMENT, serve_flags
 from tritonpack.errors import TritonpackError
 from tritonpack.server import ServerMemory, TritonServer, free_port
@@ -87,6 +88,7 @@ class SageMakerTriton:
     environment: Mapping[str, str] = field(default_factory=lambda: dict(CONTAINER_ENVIRONMENT))
     timeout_s: float = 600.0
     invoke_timeout_s: float = 600.0  # how long an invocation's thread waits for Triton's answer
+    container_python: ContainerPython | None = None  # the stub of the container's Python, as the container runs
     server: TritonServer | None = None
     starts: int = 0
 
@@ -102,6 +104,7 @@ class SageMakerTriton:
         self.server = TritonServer(
             None, log_path=self.log_path, extra_args=sagemaker_args(self.port, dummy, self.environment),
             env={"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_TRITON_PING_MODE": "live"}, taken_ports=(self.port,),
+            container_python=self.container_python,
         )
         self.server.start(wait_ready=False)
         self.starts += 1

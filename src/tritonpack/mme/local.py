@@ -43,8 +43,11 @@ class LocalMME:
     invocation_s: float = INVOCATION_S  # an invocation is answered within this, as SageMaker answers it
     # the container environment, as an endpoint's model sets it
     environment: Mapping[str, str] = field(default_factory=lambda: dict(CONTAINER_ENVIRONMENT))
+    # the container's Python (e.g. "3.10"): the stub runs it and tarballs run from their environments packed for it
+    container_python: str | None = None
 
     def __post_init__(self) -> None:
+        from tritonpack.container_python import ContainerPython
         from tritonpack.server import PYTHON_VERSION, stub_path_problem
 
         self.source = open_source(self.models, self.s3_endpoint_url)
@@ -52,10 +55,12 @@ class LocalMME:
         if problem := stub_path_problem(cache_dir):  # Triton loads the targets from there
             raise UserError(f"--cache-dir {cache_dir}: {problem}")
         self.cache = DiskCache(Path(cache_dir), self.cache_bytes)
+        container = ContainerPython.find(self.container_python) if self.container_python else None
         self.triton = SageMakerTriton(log_path=self.triton_log, environment=self.environment,
-                                      invoke_timeout_s=self.invocation_s + ABANDONED_CALL_S)
+                                      invoke_timeout_s=self.invocation_s + ABANDONED_CALL_S, container_python=container)
         metrics = Metrics()
-        store = TargetStore(self.source, self.cache, metrics, python=PYTHON_VERSION)
+        store = TargetStore(self.source, self.cache, metrics, python=self.container_python or PYTHON_VERSION,
+                            container=container is not None)
         self.manager = ModelManager(store, self.triton, self.max_models, metrics, self.policy)
         self.gateway = Gateway(self.manager, self.max_payload_bytes, invocation_s=self.invocation_s)
         self._loop: asyncio.AbstractEventLoop | None = None

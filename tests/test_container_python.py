@@ -1,0 +1,69 @@
+"""The container's Python for the local stub (`tritonpack.container_python`): which interpreter stands in for it,
+and how tritonserver is started so a packed environment's link to `/usr/bin/pythonX.Y` reaches it. Served for real
+in `tests/test_tarball.py` (the default tarball through the local MME on Python 3.10)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tritonpack import container_python
+from tritonpack.container_python import ContainerPython
+from tritonpack.errors import UserError
+from tritonpack.server import PYTHON_VERSION
+
+
+def this_interpreter(monkeypatch, system_bin: Path) -> ContainerPython:
+    monkeypatch.setattr(container_python, "SYSTEM_BIN", system_bin)
+    return ContainerPython.find(PYTHON_VERSION)
+
+
+def test_find_names_the_interpreter_itself_and_its_shared_library(monkeypatch, tmp_path):
+    python = this_interpreter(monkeypatch, tmp_path)
+    assert python.interpreter == Path(sys.executable)  # what it says of itself: pyenv's shims are scripts
+    assert (python.library_dir / f"libpython{PYTHON_VERSION}.so.1.0").exists()
+
+
+def test_launcher_shows_the_interpreter_in_usr_bin_to_tritonserver_alone_where_it_is_missing(monkeypatch, tmp_path):
+    python = this_interpreter(monkeypatch, tmp_path / "bin")
+    command = python.launcher(tmp_path / "cache")
+    link = tmp_path / "cache" / f"container-bin-py{PYTHON_VERSION}" / f"python{PYTHON_VERSION}"
+    assert os.readlink(link) == str(python.interpreter)
+    assert command[:4] == [shutil.which("unshare"), "--mount", "--propagation", "private"]
+    script = command[command.index("-c") + 1]
+    assert f"lowerdir={link.parent}:{tmp_path / 'bin'} {tmp_path / 'bin'}" in script and script.endswith('exec "$@"')
+    assert python.launcher(tmp_path / "cache") == command  # the link made once is reused
+
+
+def test_launcher_is_empty_where_usr_bin_has_the_interpreter(monkeypatch, tmp_path):
+    (tmp_path / f"python{PYTHON_VERSION}").symlink_to(sys.executable)
+    assert this_interpreter(monkeypatch, tmp_path).launcher(tmp_path / "cache") == []
+
+
+def test_find_says_in_one_line_how_to_get_a_missing_interpreter():
+    with pytest.raises(UserError, match=r"^the local Triton runs the Python 3\.99 stub with a local python3\.99, and "
+                                        r"there is none: install it \(e\.g\. `pyenv install 3\.99`\), or serve "
+                                        r"without --container-python 3\.99") as raised:
+        ContainerPython.find("3.99")
+    assert "\n" not in str(raised.value)
+
+
+def test_find_refuses_an_interpreter_without_its_shared_library(monkeypatch, tmp_path):
+    fake = tmp_path / "python3.99"
+    fake.write_text(f"#!/bin/sh\necho {tmp_path / 'python3.99'}\necho {tmp_path}\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr("tritonpack.envpack.local_python", lambda version: str(fake))
+    with pytest.raises(UserError, match=rf"^{fake} has no shared libpython3\.99\.so\.1\.0 \(in {tmp_path}\), which "
+                                        r"the stub needs: build it with --enable-shared"):
+        ContainerPython.find("3.99")
+
+
+def test_find_refuses_to_add_the_interpreter_to_usr_bin_without_root(monkeypatch, tmp_path):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(UserError, match=rf"{tmp_path}/python{PYTHON_VERSION} is not there, and only root can show it "
+                                        r"to tritonserver alone"):
+        this_interpreter(monkeypatch, tmp_path)
