@@ -341,7 +341,8 @@ def test_local_mme_serves_the_default_tarball_with_local_packages_when_its_envir
     from tritonpack.payloads import embed_texts
 
     tarball = build_ensemble("bert", env=True).tarball
-    assert json.loads(tarball_text(tarball, "manifest.json"))["python_version"] != PYTHON_VERSION
+    python = json.loads(tarball_text(tarball, "manifest.json"))["python_version"]
+    assert python != PYTHON_VERSION
     mme = local_mme(models_folder(tmp_path_factory.mktemp("foreign-env"), {"bert.tar.gz": tarball}))
     with caplog.at_level(logging.WARNING, logger="tritonpack.mme"):
         got = embed_texts(["served all the same"], "bert.tar.gz", client=runtime_for(mme))
@@ -349,6 +350,7 @@ def test_local_mme_serves_the_default_tarball_with_local_packages_when_its_envir
     assert_embeddings_match(got, model.encode(["served all the same"]))
     said = [r.getMessage() for r in caplog.records if "packed environment is for Python" in r.getMessage()]
     assert sorted(m.split(": ")[1] for m in said) == sorted(tarball_steps(tarball).values())
+    assert all(m.endswith(f"(--container-python {python} serves it from its environment)") for m in said), said
 
 
 @pytest.mark.server

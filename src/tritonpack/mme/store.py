@@ -199,7 +199,8 @@ def serve_without_foreign_environments(model_dir: Path, report, python: str | No
         del config.parameters[ENV_PARAMETER]
         (model_dir / folder / "config.pbtxt").write_text(render_config(config))
         said.append(f"{config.name}: its packed environment is for Python {env_python}, the local stub runs "
-                    f"{python}: served with this interpreter's packages instead")
+                    f"{python}: served with this interpreter's packages instead (--container-python {env_python} "
+                    f"serves it from its environment)")
     return said
 
 
