@@ -1,4 +1,4 @@
-"""The container's Python for the local stub (`tritonpack.container_python`): which interpreter stands in for it,
+"""The container's Python for the local stub (`containers.ContainerPython`): which interpreter stands in for it,
 and how tritonserver is started so a packed environment's link to `/usr/bin/pythonX.Y` reaches it. Served for real
 in `tests/test_tarball.py` (the default tarball through the local MME on Python 3.10)."""
 
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tritonpack import container_python
-from tritonpack.container_python import ContainerPython
+from tritonpack import containers
+from tritonpack.containers import ContainerPython
 from tritonpack.errors import UserError
 from tritonpack.server import PYTHON_VERSION
 
 
 def this_interpreter(monkeypatch, system_bin: Path) -> ContainerPython:
-    monkeypatch.setattr(container_python, "SYSTEM_BIN", system_bin)
+    monkeypatch.setattr(containers, "SYSTEM_BIN", system_bin)
     return ContainerPython.find(PYTHON_VERSION)
 
 

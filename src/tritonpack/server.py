@@ -31,7 +31,7 @@ from tritonpack.errors import ServerError
 
 if TYPE_CHECKING:
     from tritonpack.check import ServerPython
-    from tritonpack.container_python import ContainerPython
+    from tritonpack.containers import ContainerPython
 
 SOCKET_IN_USE = re.compile(r"Socket '[^']*:(\d+)' already in use")  # Triton's words for a port that is taken
 LOG_ERROR = re.compile(r"E\d{4} [\d:.]+ +\d+ [^\]]*\] (.*)")  # glog's error lines, as tritonserver writes them
@@ -192,7 +192,7 @@ class TritonServer:
     startup_timeout_s: float = 180.0
     keep_log: bool = False
     taken_ports: tuple[int, ...] = ()  # ports the extra_args make it listen on: not chosen for the others
-    # the stub of the container's Python instead of this interpreter's (`tritonpack.container_python`)
+    # the stub of the container's Python instead of this interpreter's (`containers.ContainerPython`)
     container_python: ContainerPython | None = None
     process: subprocess.Popen | None = None
     _stubs: dict[int, str] = field(default_factory=dict, repr=False)

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from tritonpack.container_python import ContainerPython
-from tritonpack.containers import CONTAINER_ENVIRONMENT, serve_flags
+from tritonpack.containers import CONTAINER_ENVIRONMENT, ContainerPython, serve_flags
 from tritonpack.errors import TritonpackError
 from tritonpack.server import ServerMemory, TritonServer, free_port
 

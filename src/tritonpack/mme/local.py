@@ -47,7 +47,7 @@ class LocalMME:
     container_python: str | None = None
 
     def __post_init__(self) -> None:
-        from tritonpack.container_python import ContainerPython
+        from tritonpack.containers import ContainerPython
         from tritonpack.server import PYTHON_VERSION, stub_path_problem
 
         self.source = open_source(self.models, self.s3_endpoint_url)
