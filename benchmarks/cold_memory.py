@@ -154,11 +154,13 @@ def load_phases(mme) -> dict:
             "triton_load_s": triton}
 
 
-def measure(bench, tarball: Path) -> dict:
+def measure(bench, tarball: Path, container_python: str | None = None) -> dict:
     """Cold starts under the container environment `tritonpack deploy` sets, alternating with a stock endpoint's
-    (nothing set: auto-complete on), and memory through the first."""
+    (nothing set: auto-complete on), and memory through the first; the stub of `container_python` where given
+    (`tritonpack mme --container-python`), else this interpreter's."""
     from tritonpack.containers import ADDITIONAL_ARGS, CONTAINER_ENVIRONMENT
     from tritonpack.mme import LocalMME
+    from tritonpack.server import PYTHON_VERSION
 
     s = bench.settings
     texts = [x.text for x in corpus.corpus(64, s.seed)]
@@ -171,7 +173,8 @@ def measure(bench, tarball: Path) -> dict:
         for name, environment in environments.items():
             with tempfile.TemporaryDirectory(prefix="benchmarks-mme-") as cache:
                 mme = LocalMME(str(folder), port=0, cache_dir=Path(cache), max_models=len(targets),
-                               triton_log=bench.out / "logs" / f"mme-{name}-{rep}.log", environment=environment)
+                               triton_log=bench.out / "logs" / f"mme-{name}-{rep}.log", environment=environment,
+                               container_python=container_python)
                 started = time.perf_counter()
                 with mme:
                     server_start = time.perf_counter() - started
@@ -192,6 +195,7 @@ def measure(bench, tarball: Path) -> dict:
     first = statistics.median(r["first_answer_s"] for r in cold["tritonpack"])
     return {
         "via": "tritonpack.mme.LocalMME (gateway → Triton 2.51 SageMaker front-end)", "tarball": str(tarball),
+        "stub_python": container_python or PYTHON_VERSION, "container_python": container_python is not None,
         "container_environment": environments["tritonpack"],
         "cold_start": {"first_answer_s_median": first, "runs": cold["tritonpack"], "target_s": goals.COLD_START_S,
                        "met": first <= goals.COLD_START_S,

@@ -185,7 +185,11 @@ def _memory_table(mme: dict, title: str) -> list[str]:
     cold = ", ".join(f"{r['first_answer_s']:.2f} (gateway {r['gateway_s']:.2f}: check {r['check_s']:.2f}, extraction "
                      f"{r['extract_s']:.2f}; Triton {r['triton_load_s']:.2f})" for r in mme["cold_start"]["runs"])
     stock = ", ".join(f"{r['first_answer_s']:.2f}" for r in mme["cold_start"]["stock_endpoint"]["runs"])
-    lines += ["", f"First model {memory['first_model_pss_mb']:.0f} MB beyond the server alone; each additional "
+    python = mme.get("stub_python")
+    ran = (f"The stub of the container's Python ({python}) ran each copy's packed environment, as on the endpoint "
+           f"(`--container-python {python}`). " if mme.get("container_python") else
+           f"The local stub (Python {python}) ran the copies. " if python else "")
+    lines += ["", f"{ran}First model {memory['first_model_pss_mb']:.0f} MB beyond the server alone; each additional "
                   f"{fmt(memory['per_additional_model_pss_mb'], 0)} MB → {fmt(memory['models_per_gb'], 1)} models "
                   f"per GB. Cold starts (s) with the container environment `tritonpack deploy` sets: {cold}; "
                   f"alternating with them, a stock endpoint's (auto-complete on): {stock}; first answers of the "

@@ -62,9 +62,25 @@ class Bench:
         self.servers: list = []
         self.served_repository: Path | None = None
 
+    def container_python(self) -> str | None:
+        """The default container's Python where this machine runs its stub (`containers.ContainerPython`): the
+        MME part then measures the default tarball as users upload it, its environment run by that stub. Else None,
+        and the tarball's environment is packed for this interpreter's Python, which the local stub runs."""
+        from tritonpack.containers import DEFAULT_CONTAINER, ContainerPython, container_python
+        from tritonpack.errors import UserError
+
+        python = container_python(DEFAULT_CONTAINER)
+        try:
+            ContainerPython.find(python)
+        except UserError as e:
+            self.log(f"  the MME part runs the tarball's environment for this interpreter's Python instead: {e}")
+            return None
+        return python
+
     def build_variant(self, label: str, name: str = "bert", serving: tuple[tuple[str, str], ...] = (),
-                      env: bool = True):
-        """Build `name` (portable) into <out>/repos/<label>/, sharing the export cache with `make build`."""
+                      env: bool = True, env_python: str | None = None):
+        """Build `name` (portable) into <out>/repos/<label>/, sharing the export cache with `make build`; its
+        tarball's environment for `env_python`, by default the local stub's."""
         from tritonpack.builder import BuildRequest, build
         from tritonpack.server import PYTHON_VERSION
 
@@ -76,8 +92,7 @@ class Bench:
         if not link.exists():
             link.symlink_to(cache, target_is_directory=True)
         start = time.perf_counter()
-        # the tarball as deployed (its packed environment), for the local stub's Python so the local MME runs it
-        result = build(BuildRequest(name, "portable", dist=dist, env=env, env_python=PYTHON_VERSION,
+        result = build(BuildRequest(name, "portable", dist=dist, env=env, env_python=env_python or PYTHON_VERSION,
                                     **({"serving": serving} if serving else {})))
         self.log(f"  built {label}: {result.repository} in {time.perf_counter() - start:.1f}s")
         return result
@@ -112,7 +127,8 @@ class Bench:
 
     def experiments(self) -> dict:
         results: dict = {}
-        built = self.build_variant("default")
+        stub_python = self.container_python()
+        built = self.build_variant("default", env_python=stub_python)
         self.served_repository = built.repository
         try:
             server = self.serve(built.repository)
@@ -123,7 +139,7 @@ class Bench:
                 self.attempt(results, "dynamic_batching",
                              lambda: text_serving.dynamic_batching_on_over_off(self, server))
             self.stop_servers()  # memory and cold start are measured with no other server running
-            self.attempt(results, "mme", lambda: cold_memory.measure(self, built.tarball))
+            self.attempt(results, "mme", lambda: cold_memory.measure(self, built.tarball, stub_python))
             self.attempt(results, "sizes", lambda: cold_memory.sizes(self, built.tarball))
             if self.settings.without_env:  # for a server whose Python has the packages (environment.yml in the image)
                 bare = self.build_variant("no-env", env=False)

@@ -17,6 +17,7 @@ from benchmarks import corpus, meters, peers
 from benchmarks.meters import Run
 from benchmarks.run import Bench, BenchSettings
 from benchmarks.sides import PeerWorker, SentenceTransformersSide
+from tritonpack.containers import DEFAULT_CONTAINER, container_python
 
 
 def test_corpus_is_deterministic_and_fills_every_length_bucket_when_generated():
@@ -169,6 +170,9 @@ def test_bench_smoke_writes_report_files_with_expected_keys_when_run(test_dist, 
         assert run["fetch_s"] + run["check_s"] + run["extract_s"] <= run["gateway_s"], run
         assert run["gateway_s"] + run["triton_load_s"] < run["first_answer_s"], run
     assert on_disk["mme"]["cold_start"]["stock_endpoint"]["first_answer_s_median"] > 0
+    # the default tarball as users upload it: its environment for the container's Python, run by that Python's stub
+    assert on_disk["mme"]["stub_python"] == container_python(DEFAULT_CONTAINER) and on_disk["mme"]["container_python"]
+    assert "ran each copy's packed environment" in (out / "report.md").read_text()
     environment = on_disk["mme"]["container_environment"]
     assert environment["SAGEMAKER_TRITON_ADDITIONAL_ARGS"] == "--disable-auto-complete-config"
     assert on_disk["sizes"]["tarball_mb"] > 0
