@@ -2,8 +2,10 @@
 
 The `resnet_pt` preprocessing model gets the env through `EXECUTION_ENV_PATH` exactly as a tarball build attaches
 it, is served alone by the real tritonserver, and its PIXELS must equal an in-process run of the same `model.dali`
-with `.venv`'s DALI; the stub must have loaded DALI's libraries from the unpacked env, not from `.venv`.
-Packing the env takes ~1.5 minutes on a fresh cache (DALI's wheels are ~800 MB unpacked); it runs in `make test`.
+with `.venv`'s DALI; the stub must have loaded DALI's libraries from the unpacked env, not from `.venv`. Twice: the
+env for this interpreter's Python on the local stub, and the env for the default container's Python on that Python's
+stub (`containers.ContainerPython`), as the container runs it. Packing an env takes ~1.5 minutes on a fresh cache
+(DALI's wheels are ~800 MB unpacked); both run in `make test`.
 """
 
 from __future__ import annotations
@@ -16,20 +18,26 @@ import pytest
 
 from tests.images import bad_payloads, image_kinds
 from tritonpack.components import load_model_module
+from tritonpack.containers import DEFAULT_CONTAINER, ContainerPython, container_python
 from tritonpack.proc import mapped_files
+from tritonpack.server import PYTHON_VERSION
 
 MODEL = "resnet_pt_preprocess"
 
 
-@pytest.fixture(scope="module")
-def env_repository(tmp_path_factory, model_folders, artifact_cache) -> Path:
-    """Only the DALI step of `resnet_pt` (portable), with the packed DALI env at the repository's top."""
+@pytest.fixture(scope="module", params=[PYTHON_VERSION, container_python(DEFAULT_CONTAINER)])
+def env_repository(request, tmp_path_factory, model_folders, artifact_cache) -> tuple[Path, str]:
+    """Only the DALI step of `resnet_pt` (portable), with the DALI env packed for a Python at the repository's top;
+    (the repository, that Python)."""
     from tritonpack.env import attach_environment
     from tritonpack.repository import write_repository
 
-    plan = attach_environment([model_folders("resnet_pt", "portable")[MODEL]], artifact_cache)  # packed once
+    plan = attach_environment([model_folders("resnet_pt", "portable")[MODEL]], artifact_cache,
+                              python=request.param)  # packed once per Python
     assert plan.environment["env"] == "dali" and plan.users == [MODEL]
-    return write_repository(plan.folders, tmp_path_factory.mktemp("dali-env") / "repo", top_files=plan.top_files)
+    repository = write_repository(plan.folders, tmp_path_factory.mktemp("dali-env") / "repo",
+                                  top_files=plan.top_files)
+    return repository, request.param
 
 
 def preprocess_in_process(model_dali: Path, image: bytes) -> np.ndarray:
@@ -47,11 +55,13 @@ def test_dali_runner_serves_same_pixels_from_packed_env_when_env_is_attached(env
     from tritonpack.server import TritonServer
     from tritonpack.spec import parse_config
 
+    env_repository, python = env_repository
     config = parse_config((env_repository / MODEL / "config.pbtxt").read_text())
     env_file = config.parameters["EXECUTION_ENV_PATH"].string_value.rsplit("/", 1)[1]
-    assert (env_repository / env_file).is_file()
+    assert (env_repository / env_file).is_file() and env_file.endswith(f"-py{python}.tar.gz")
     model_dali = env_repository / MODEL / "1" / "model.dali"
-    with TritonServer(env_repository) as server:
+    stub = ContainerPython.find(python) if python != PYTHON_VERSION else None
+    with TritonServer(env_repository, container_python=stub) as server:
         client = http.InferenceServerClient(server.url, network_timeout=120)
         try:
             for kind, image in image_kinds().items():
@@ -65,9 +75,10 @@ def test_dali_runner_serves_same_pixels_from_packed_env_when_env_is_attached(env
             assert server.is_ready()
         finally:
             client.close()
-        dali_libraries = {path for pid in server.process_group_pids()
-                          for path in mapped_files(pid) if path.endswith("libdali_operators.so")}
+        mapped = {path for pid in server.process_group_pids() for path in mapped_files(pid)}
+    dali_libraries = {path for path in mapped if path.endswith("libdali_operators.so")}
     assert dali_libraries, "no process of the server loaded DALI"
+    assert {Path(path).name for path in mapped if "/libpython3" in path} == {f"libpython{python}.so.1.0"}
     venv = Path(sys.prefix).resolve()
     assert not [p for p in dali_libraries if Path(p).is_relative_to(venv)], (
         f"the stub loaded DALI from .venv, not from the packed env: {dali_libraries}")
