@@ -56,7 +56,7 @@ env: $(STAMP) ## pack ENVS (text openvino onnx) into dist/envs/ (conda-pack when
 check: $(STAMP) ## will dist/NAME-TARGET.tar.gz load on an MME? artifacts vs configs too (--deep); exit 1 if not
 	$(BIN)/tritonpack check $(REPO).tar.gz --deep $(if $(TRITON_CONTAINER),--container $(TRITON_CONTAINER))
 
-mme: $(STAMP) ## local SageMaker MME on MME_PORT (8080) serving dist/*.tar.gz; builds NAME-TARGET first if missing
+mme: $(STAMP) ## local SageMaker MME on MME_PORT (8080) serving dist/*.tar.gz (CONTAINER_PYTHON=3.10: from their environments, as the endpoint); builds NAME-TARGET first if missing
 	@test -f $(REPO).tar.gz || $(BIN)/tritonpack build $(BUILD_ARGS)
 	@echo "invoke: $(BIN)/tritonpack infer --mme http://127.0.0.1:$(MME_PORT) --target-model $(notdir $(REPO)).tar.gz 'some text'"
 	$(BIN)/tritonpack mme --models dist --port $(MME_PORT) --max-models $(MAX_MODELS)$(if $(CONTAINER_PYTHON), --container-python $(CONTAINER_PYTHON))
