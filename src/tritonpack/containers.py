@@ -221,6 +221,3 @@ class ContainerPython:
         mount = f"mount -t overlay overlay -o lowerdir={extra}:{SYSTEM_BIN} {SYSTEM_BIN}"
         return [shutil.which("unshare") or "unshare", "--mount", "--propagation", "private",
                 "sh", "-c", f'{mount} && exec "$@"', "container-python"]
-
-    def library_path(self, base: str) -> str:
-        return f"{base}{os.pathsep}{self.library_dir}" if base else str(self.library_dir)

@@ -65,7 +65,8 @@ def local_server_python() -> ServerPython:
     """The Python the local Triton runs models without an environment in (this interpreter's), as `check` takes it."""
     from tritonpack.check import ServerPython
 
-    return ServerPython(local_python_has, local_numpy_version())
+    return ServerPython(local_python_has, local_numpy_version(),
+                        stub="--local: the local Triton's stub runs this interpreter")
 
 
 def pytriton_root() -> Path:
@@ -250,7 +251,7 @@ class TritonServer:
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = server_library_path()
         if self.container_python is not None:  # the stub runs the packed environments' Python
-            env["LD_LIBRARY_PATH"] = self.container_python.library_path(env["LD_LIBRARY_PATH"])
+            env["LD_LIBRARY_PATH"] += f"{os.pathsep}{self.container_python.library_dir}"
         else:  # the stub runs in this interpreter's environment: make its site-packages and bin visible
             env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         env.update(self.env)

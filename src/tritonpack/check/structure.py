@@ -77,19 +77,28 @@ class StubTarget:
 @dataclass(frozen=True)
 class ServerPython:
     """The Python a server runs python models without a packed environment in: whether it imports a module, and its
-    numpy version where known (the local Triton's)."""
+    numpy version where known (the local Triton's); `stub` says what runs the stub when the check is told its
+    Python."""
     has: Callable[[str], bool]
     numpy: str | None = None
+    stub: str = "--python"
 
 
 STOCK_CONTAINER_PYTHON = ServerPython(lambda module: False)  # numpy only, which python models may always import
 
 
-def stub_target(manifest: dict | None, python: str | None, container: str | None, local: bool = False) -> StubTarget:
+def container_stub_python(python: str) -> ServerPython:
+    """The local MME on the container's Python (`--container-python`): numpy only without an environment, as in the
+    container, and a stub of that Python."""
+    return ServerPython(STOCK_CONTAINER_PYTHON.has, stub=f"the local MME runs the Python {python} container's stub: "
+                                                         f"--container-python {python}")
+
+
+def stub_target(manifest: dict | None, python: str | None, container: str | None, stub: str = "--python") \
+        -> StubTarget:
     release = container or manifest_container(manifest)  # a malformed --container fails in container_python
     if python:
-        return StubTarget(python, "--local: the local Triton's stub runs this interpreter" if local else "--python",
-                          release)
+        return StubTarget(python, stub, release)
     if container:
         return StubTarget(container_python(container), f"Triton container {container}", container)
     if manifest and re.fullmatch(r"3\.\d+", declared := str(manifest.get("python_version"))):
@@ -111,7 +120,7 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
         except (KeyError, ValueError) as e:
             problems.append(Problem("manifest.json", "file", f"not readable JSON: {e}"))
             manifest = None
-    target = stub_target(manifest, python, container, local=server is not None)
+    target = stub_target(manifest, python, container, server.stub if server else "--python")
     no_env_fix = _no_environment_fix(manifest)
 
     configs = {}

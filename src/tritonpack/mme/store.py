@@ -170,37 +170,26 @@ class Prepared:
     model_dir: Path
 
 
-def foreign_environments(report, python: str | None) -> list[tuple[str, object, str]]:
-    """(model folder, its config, its environment's Python) of each model whose packed environment is for another
-    Python than `python`."""
-    from tritonpack.backends import ENV_PARAMETER
-    from tritonpack.check.structure import env_member
-
-    foreign = []
-    for folder, config in sorted(report.configs.items()):
-        if python is None or ENV_PARAMETER not in config.parameters:
-            continue
-        env = report.envs.get(env_member(folder, config.parameters[ENV_PARAMETER].string_value))
-        if env is not None and env.python != python:
-            foreign.append((folder, config, env.python))
-    return foreign
-
-
 def serve_without_foreign_environments(model_dir: Path, report, python: str | None) -> list[str]:
     """The local stub runs one Python: a model whose packed environment is for another (the default tarball's is
     for the SageMaker container's) runs with this interpreter's packages instead — `report` (the tarball's
     `check`) has verified the environment's Python and contents against the tarball's own target. Edits the
     extracted copy only; says what it did, one line per model."""
     from tritonpack.backends import ENV_PARAMETER
+    from tritonpack.check.structure import env_member
     from tritonpack.spec import render_config
 
     said = []
-    for folder, config, env_python in foreign_environments(report, python):
-        del config.parameters[ENV_PARAMETER]
-        (model_dir / folder / "config.pbtxt").write_text(render_config(config))
-        said.append(f"{config.name}: its packed environment is for Python {env_python}, the local stub runs "
-                    f"{python}: served with this interpreter's packages instead (--container-python {env_python} "
-                    f"serves it from its environment)")
+    for folder, config in sorted(report.configs.items()):
+        if python is None or ENV_PARAMETER not in config.parameters:
+            continue
+        env = report.envs.get(env_member(folder, config.parameters[ENV_PARAMETER].string_value))
+        if env is not None and env.python != python:
+            del config.parameters[ENV_PARAMETER]
+            (model_dir / folder / "config.pbtxt").write_text(render_config(config))
+            said.append(f"{config.name}: its packed environment is for Python {env.python}, the local stub runs "
+                        f"{python}: served with this interpreter's packages instead (--container-python "
+                        f"{env.python} serves it from its environment)")
     return said
 
 
@@ -214,7 +203,7 @@ class TargetStore:
         self.source, self.cache, self.limits = source, cache, limits
         self.metrics = metrics or Metrics()
         self.python = python  # the local stub's Python: a packed env for another Python cannot run here
-        # the stub runs the container's Python (`container_python`): tarballs run from their environments alone
+        # the stub runs the container's Python (`containers.ContainerPython`): a tarball is judged for that stub
         self.container = container
         self._lock = threading.Lock()
         self._target_locks: dict[str, threading.Lock] = {}
@@ -251,9 +240,8 @@ class TargetStore:
         self.cache.remove(prepared.target)
 
     def _admit(self, target: str, version: str, in_use: Callable[[], Iterable[str]]) -> Path:
-        from tritonpack.archive import Problem
         from tritonpack.check import check
-        from tritonpack.check.structure import STOCK_CONTAINER_PYTHON
+        from tritonpack.check.structure import container_stub_python
         from tritonpack.errors import ArchiveError
         from tritonpack.server import local_server_python
 
@@ -263,19 +251,14 @@ class TargetStore:
             tarball = self._with_room(target, in_use, "downloading", lambda: self._fetch(target, staging))
             fetched = time.monotonic()
             self.metrics.observe("ModelDownloadingTime", fetched - started)
-            # Judged for the container the tarball was built for (its manifest), by a server whose Python is this
-            # interpreter's (python models may use its packages where the tarball carries no environment), or the
-            # container's own, whose stub runs only environments packed for its Python.
-            report = check(tarball, self.limits, server=STOCK_CONTAINER_PYTHON if self.container
-                           else local_server_python())
+            if self.container:  # judged for the stub of the container's Python, which this server runs
+                report = check(tarball, self.limits, python=self.python, server=container_stub_python(self.python))
+            else:  # for the container the tarball was built for (its manifest), by a server whose Python is this
+                # interpreter's: python models may use its packages where the tarball carries no environment
+                report = check(tarball, self.limits, server=local_server_python())
             checked = time.monotonic()
             self.metrics.observe("ModelCheckingTime", checked - fetched)
-            problems = list(report.problems)
-            if self.container:
-                problems += [Problem(f"{folder}/config.pbtxt", "parameters.EXECUTION_ENV_PATH",
-                                     f"an environment for Python {env_python}, and this local MME runs the Python "
-                                     f"{self.python} container's stub (--container-python {self.python})")
-                             for folder, _, env_python in foreign_environments(report, self.python)]
+            problems = report.problems
             if problems:
                 error = TargetError(400, f"{target} is not deployable", [str(p) for p in problems])
                 self._refused[target] = (version, error, math.inf)
@@ -290,8 +273,7 @@ class TargetStore:
             self.metrics.observe("ModelExtractingTime", extracted - checked)
             log.info("%s: fetched in %.2f s, checked in %.2f s, extracted in %.2f s", target, fetched - started,
                      checked - fetched, extracted - checked)
-            for skipped in [] if self.container else serve_without_foreign_environments(model_dir, report,
-                                                                                           self.python):
+            for skipped in serve_without_foreign_environments(model_dir, report, self.python):
                 log.warning("%s: %s", target, skipped)
             return model_dir
         finally:
