@@ -13,7 +13,8 @@ RECIPE = TextRecipe(
     name="bert",
     encoder={"gpu": "tensorrt_plan", "cpu": "onnx", "portable": "onnx"},
     serving={
-        "gpu": TextServing(max_batch_size=64, tokenizer_instances=2),
+        # the encoder's batcher waits 100 µs, as measured for bert_pt on a GPU (docs/performance.md, forty-second round)
+        "gpu": TextServing(max_batch_size=64, tokenizer_instances=2, max_queue_delay_microseconds=100),
         "cpu": TextServing(max_batch_size=64),
         # portable, measured in docs/performance.md: OpenVINO in bf16 on CPUs that have it (AVX512_BF16, AMX), fp32
         # elsewhere, embeddings within cosine 0.9999 of PyTorch (checked at build); sentences packed into sequences of

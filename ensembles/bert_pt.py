@@ -3,6 +3,10 @@
 On `portable` the traced graph also mean-pools, so the ensemble is tokenizer → encoder: no pooling process and no
 [tokens × hidden] tensor between steps (docs/performance.md, fortieth round); `cpu`/`gpu` keep the reusable pooling
 step (`--serving encoder_pooling=true` pools in their graph too).
+
+The encoder's batcher waits 100 µs, not 2 ms: at low load a longer wait only delays each request, and under load
+batches form while the encoder computes (portable served on an H200 and on a CPU, docs/performance.md, forty-second
+round).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from .text import TextRecipe, TextServing
 RECIPE = TextRecipe(
     name="bert_pt",
     encoder={"gpu": "torchscript", "cpu": "torchscript", "portable": "torchscript"},
-    serving={"gpu": TextServing(tokenizer_instances=2), "cpu": TextServing(),
-             "portable": TextServing(encoder_pooling=True)},
+    serving={"gpu": TextServing(tokenizer_instances=2, max_queue_delay_microseconds=100),
+             "cpu": TextServing(max_queue_delay_microseconds=100),
+             "portable": TextServing(encoder_pooling=True, max_queue_delay_microseconds=100)},
 )
