@@ -17,7 +17,8 @@ it with dynamic batching on and off, and times served sentences/s by concurrency
 in-process on the same GPU (batch 64), with cosines against the CPU reference; Triton's statistics say where each
 served request's time went (per step: queued, computing), and the served encoder's own session is timed in-process
 per call (one sentence, 32 padded). `--skip` leaves stages out; `--serving KEY=VALUE`
-sets the builds' serving settings (a queue delay to compare, say).
+sets the builds' serving settings (a queue delay to compare, say); `--client-processes N` spreads the clients over N
+processes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import http.client
 import io
 import json
 import lzma
+import multiprocessing
 import os
 import re
 import shutil
@@ -250,6 +252,59 @@ class Client:
         self.connection.close()
 
 
+class ProcessClients:
+    """ConcurrentClients spread over `processes` client processes, each with its share of the concurrency and of the
+    requests: 64 client threads in one Python process share its GIL, which may bound what they send (the c=64
+    plateau of docs/performance.md, forty-second round). The run's seconds span the first start to the last end."""
+
+    def __init__(self, url: str, model: str, processes: int):
+        context = multiprocessing.get_context("spawn")  # the parent may hold threads: no fork
+        self._pipes = []
+        self._processes = []
+        for _ in range(processes):
+            ours, theirs = context.Pipe()
+            process = context.Process(target=_client_process, args=(theirs, url, model), daemon=True)
+            process.start()
+            self._pipes.append(ours)
+            self._processes.append(process)
+
+    def send(self, requests: list[list[str]], concurrency: int) -> tuple[Run, list[np.ndarray]]:
+        used = self._pipes[:min(len(self._pipes), concurrency)]
+        for i, pipe in enumerate(used):
+            pipe.send((requests[i::len(used)], concurrency // len(used) + (i < concurrency % len(used))))
+        answers = [pipe.recv() for pipe in used]
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+        results: list = [None] * len(requests)
+        for i, (_, _, _, share) in enumerate(answers):
+            results[i::len(used)] = share
+        start = min(a[0] for a in answers)
+        seconds = max(a[1] for a in answers) - start
+        return Run(len(requests), seconds, [ms for a in answers for ms in a[2]]), results
+
+    def close(self) -> None:
+        for pipe in self._pipes:
+            pipe.send(None)
+        for process in self._processes:
+            process.join(timeout=10)
+
+
+def _client_process(pipe, url: str, model: str) -> None:
+    clients = ConcurrentClients(lambda: Client(url, model))
+    try:
+        while (task := pipe.recv()) is not None:
+            requests, concurrency = task
+            start = time.perf_counter()  # CLOCK_MONOTONIC: comparable across the client processes
+            try:
+                run, results = clients.send(requests, concurrency)
+                pipe.send((start, time.perf_counter(), run.latencies_ms, results))
+            except Exception as e:  # noqa: BLE001 - raised in the parent
+                pipe.send(RuntimeError(f"client process: {type(e).__name__}: {e}"))
+    finally:
+        clients.close()
+
+
 PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
 
 
@@ -266,6 +321,20 @@ def model_statistics(url: str) -> dict[str, dict[str, int]]:
     return {m["name"]: {"requests": m["inference_stats"]["success"]["count"], "sentences": m["inference_count"],
                         "executions": m["execution_count"], "request_ns": m["inference_stats"]["success"]["ns"],
                         **{f"{p}_ns": m["inference_stats"][p]["ns"] for p in PHASES}} for m in stats}
+
+
+def settled_statistics(url: str, quiet_s: float = 0.05, timeout_s: float = 5.0) -> dict[str, dict[str, int]]:
+    """model_statistics once two reads `quiet_s` apart agree: Triton counts a step's request when its execution
+    ends, which can be just after the client had the ensemble's answer (6 of 300 reads here counted a request late)."""
+    deadline = time.monotonic() + timeout_s
+    stats = model_statistics(url)
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        again = model_statistics(url)
+        if again == stats:
+            break
+        stats = again
+    return stats
 
 
 def where_time_went(before: dict, after: dict) -> dict[str, dict[str, float]]:
@@ -385,7 +454,7 @@ def stub_python(work: Path, site: Path) -> dict[str, str]:
 
 
 def served(repository: Path, reference: dict, concurrencies: tuple[int, ...], repetitions: int, out: Path,
-           label: str, env: dict[str, str]) -> dict:
+           label: str, env: dict[str, str], client_processes: int = 1) -> dict:
     from tritonpack.server import TritonServer
 
     texts = list(reference["timed"])
@@ -396,14 +465,16 @@ def served(repository: Path, reference: dict, concurrencies: tuple[int, ...], re
     server.start()
     result["ready_s"] = time.perf_counter() - t
 
-    clients = ConcurrentClients(lambda: Client(server.url, "bert_pt"))
+    clients = None
 
     def timed(requests: list[list[str]], c: int) -> dict:
-        before = model_statistics(server.url)
+        before = settled_statistics(server.url)
         summary = side_summary([clients.send(requests, c)[0] for _ in range(repetitions)])
-        return {**summary, "models": where_time_went(before, model_statistics(server.url))}
+        return {**summary, "models": where_time_went(before, settled_statistics(server.url))}
 
     try:
+        clients = ProcessClients(server.url, "bert_pt", client_processes) if client_processes > 1 else \
+            ConcurrentClients(lambda: Client(server.url, "bert_pt"))
         held = clients.send([[text] for text in reference["held"]], 1)[1]
         result["min_cosine"] = cosine_min(np.concatenate(held), reference["original"])
         clients.send(singles[:256], 8)  # warm-up
@@ -413,7 +484,8 @@ def served(repository: Path, reference: dict, concurrencies: tuple[int, ...], re
         result["requests_of_32"] = {1: timed([texts[i:i + 32] for i in range(0, len(texts), 32)], 1)}
         result["gpu_memory_mb"] = gpu_memory_mb()
     finally:
-        clients.close()
+        if clients is not None:
+            clients.close()
         server.stop()
     return result
 
@@ -447,16 +519,17 @@ def libpython_folders() -> list[str]:
 
 
 def run(out: Path, concurrency: tuple[int, ...], repetitions: int, precisions: tuple[str, ...],
-        skip: set[str] = frozenset(), serving: list[str] = ()) -> dict:
+        skip: set[str] = frozenset(), serving: list[str] = (), client_processes: int = 1) -> dict:
     """Each stage's results are written to OUT/gpu.json as they come; a stage that fails is recorded, not fatal. What
     it unpacks and builds (~450 MB) is removed at the end."""
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpu-run-", ignore_cleanup_errors=True) as folder:
-        return _run_stages(Path(folder), out, concurrency, repetitions, precisions, skip, list(serving))
+        return _run_stages(Path(folder), out, concurrency, repetitions, precisions, skip, list(serving),
+                           client_processes)
 
 
 def _run_stages(work: Path, out: Path, concurrency: tuple[int, ...], repetitions: int,
-                precisions: tuple[str, ...], skip: set[str], serving: list[str]) -> dict:
+                precisions: tuple[str, ...], skip: set[str], serving: list[str], client_processes: int) -> dict:
     t = time.perf_counter()
     site, model = unpack(work)
     sys.path[:0] = [str(site)]
@@ -467,7 +540,7 @@ def _run_stages(work: Path, out: Path, concurrency: tuple[int, ...], repetitions
     os.environ["TRITONPACK_CACHE"] = str(work / "cache")
     stub_env = stub_python(work, site)
     report: dict = {"machine": machine(), "unpack_s": time.perf_counter() - t, "stub_numpy_1": bool(stub_env),
-                    "serving": serving}
+                    "serving": serving, "client_processes": client_processes}
     print(json.dumps(report["machine"]), flush=True)
     reference = load_reference()
     dist = work / "dist"
@@ -476,10 +549,11 @@ def _run_stages(work: Path, out: Path, concurrency: tuple[int, ...], repetitions
         "in_process": lambda: in_process(model, reference, precisions, repetitions),
         "build_s": lambda: build(model, dist, serving, out),
         "encoder_direct": lambda: encoder_direct(repository, model, reference, repetitions),
-        "served_batching": lambda: served(repository, reference, concurrency, repetitions, out, "batching", stub_env),
+        "served_batching": lambda: served(repository, reference, concurrency, repetitions, out, "batching", stub_env,
+                                          client_processes),
         "build_unbatched_s": lambda: build(model, dist, [*serving, "dynamic_batching=false"], out),
         "served_unbatched": lambda: served(repository, reference, tuple(c for c in concurrency if c >= 8),
-                                           repetitions, out, "unbatched", stub_env),
+                                           repetitions, out, "unbatched", stub_env, client_processes),
     }
     for name, stage in stages.items():
         if name in skip:
@@ -529,6 +603,8 @@ def main(argv: list[str] | None = None) -> int:
     there.add_argument("--precisions", default="fp32,fp16", help="in-process sentence-transformers on the GPU")
     there.add_argument("--serving", action="append", default=[], metavar="KEY=VALUE",
                        help="serving settings for both builds, as tritonpack build takes them (repeatable)")
+    there.add_argument("--client-processes", type=int, default=1,
+                       help="processes the served clients are spread over (default: %(default)s, threads only)")
     there.add_argument("--skip", default="", help="stages not to run, comma-separated (in_process, encoder_direct, "
                                                   "build_unbatched_s, served_unbatched, ...)")
     args = parser.parse_args(argv)
@@ -536,7 +612,8 @@ def main(argv: list[str] | None = None) -> int:
         carry()
     else:
         print(summary(run(args.out, tuple(int(c) for c in args.concurrency.split(",")), args.repetitions,
-                          tuple(args.precisions.split(",")), set(filter(None, args.skip.split(","))), args.serving)))
+                          tuple(args.precisions.split(",")), set(filter(None, args.skip.split(","))), args.serving,
+                          args.client_processes)))
     return 0
 
 

@@ -372,7 +372,7 @@ def test_gpu_run_widens_the_carried_fp16_planes_back_to_the_weights_rounded_to_f
 def test_gpu_run_client_gets_the_served_embeddings_tritonclient_gets(served):
     """The GPU run's own HTTP client (no tritonclient there): binary texts in, binary embeddings out; Triton's
     statistics say where each request's time went."""
-    from benchmarks.gpu_run import Client, model_statistics, where_time_went
+    from benchmarks.gpu_run import Client, settled_statistics, where_time_went
     from benchmarks.sides import ConcurrentClients
     from tritonpack.client import embed
 
@@ -380,16 +380,35 @@ def test_gpu_run_client_gets_the_served_embeddings_tritonclient_gets(served):
     texts = ["Hello world", "Ünïcödé and emoji 🚀", ""]
     np.testing.assert_array_equal(Client(server.url, "bert_pt").embed(texts), embed(server.url, "bert_pt", texts))
     clients = ConcurrentClients(lambda: Client(server.url, "bert_pt"))
-    before = model_statistics(server.url)
+    before = settled_statistics(server.url)
     try:
         run, answers = clients.send([[t] for t in texts * 4], concurrency=3)  # an error raises
     finally:
         clients.close()
     assert len(answers) == 12 and run.per_second > 0
-    spent = where_time_went(before, model_statistics(server.url))
+    spent = where_time_went(before, settled_statistics(server.url))
     assert set(spent) == {"bert_pt", "bert_pt_tokenizer", "bert_pt_encoder"}  # the encoder pools
     assert {name: times["requests"] for name, times in spent.items()} == dict.fromkeys(spent, 12)
     assert spent["bert_pt_tokenizer"]["sentences_per_execution"] == 1  # it runs each request alone
     assert 1 <= spent["bert_pt_encoder"]["sentences_per_execution"] <= 3  # batched: at most the 3 clients' requests
     steps = sum(spent[f"bert_pt_{step}"]["request_ms"] for step in ("tokenizer", "encoder"))
     assert 0 < spent["bert_pt_encoder"]["compute_infer_ms"] < steps <= spent["bert_pt"]["request_ms"] * 1.05
+
+
+def test_gpu_run_clients_in_several_processes_answer_as_one_process_does(served):
+    """`--client-processes`: each process takes every Nth request with its share of the concurrency; the answers come
+    back in the requests' order and the run counts every request once."""
+    from benchmarks.gpu_run import Client, ProcessClients
+
+    server = served("bert_pt")
+    texts = [f"sentence number {i}" for i in range(10)]
+    clients = ProcessClients(server.url, "bert_pt", processes=3)
+    try:
+        run, answers = clients.send([[t] for t in texts], concurrency=4)
+        single, _ = clients.send([["alone"]], concurrency=1)  # fewer clients than processes
+    finally:
+        clients.close()
+    expected = Client(server.url, "bert_pt").embed(texts)
+    np.testing.assert_allclose(np.concatenate(answers), expected, atol=1e-5)
+    assert run.items == 10 and len(run.latencies_ms) == 10 and run.seconds > 0
+    assert single.items == 1 and len(single.latencies_ms) == 1
