@@ -24,6 +24,7 @@ processes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import io
 import json
@@ -285,7 +286,8 @@ class ProcessClients:
 
     def close(self) -> None:
         for pipe in self._pipes:
-            pipe.send(None)
+            with contextlib.suppress(OSError):  # a client process that died has closed its end
+                pipe.send(None)
         for process in self._processes:
             process.join(timeout=10)
 
