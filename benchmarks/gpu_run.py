@@ -277,12 +277,11 @@ class ProcessClients:
         for answer in answers:
             if isinstance(answer, BaseException):
                 raise answer
+        starts, ends, latencies, shares = zip(*answers)
         results: list = [None] * len(requests)
-        for i, (_, _, _, share) in enumerate(answers):
+        for i, share in enumerate(shares):
             results[i::len(used)] = share
-        start = min(a[0] for a in answers)
-        seconds = max(a[1] for a in answers) - start
-        return Run(len(requests), seconds, [ms for a in answers for ms in a[2]]), results
+        return Run(len(requests), max(ends) - min(starts), [ms for part in latencies for ms in part]), results
 
     def close(self) -> None:
         for pipe in self._pipes:

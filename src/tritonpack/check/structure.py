@@ -74,6 +74,9 @@ class StubTarget:
     container: str | None = None
 
 
+PYTHON_OPTION = "--python"  # what names the stub's Python when the check is told it
+
+
 @dataclass(frozen=True)
 class ServerPython:
     """The Python a server runs python models without a packed environment in: whether it imports a module, and its
@@ -81,7 +84,7 @@ class ServerPython:
     Python."""
     has: Callable[[str], bool]
     numpy: str | None = None
-    stub: str = "--python"
+    stub: str = PYTHON_OPTION
 
 
 STOCK_CONTAINER_PYTHON = ServerPython(lambda module: False)  # numpy only, which python models may always import
@@ -94,8 +97,7 @@ def container_stub_python(python: str) -> ServerPython:
                                                          f"--container-python {python}")
 
 
-def stub_target(manifest: dict | None, python: str | None, container: str | None, stub: str = "--python") \
-        -> StubTarget:
+def stub_target(manifest: dict | None, python: str | None, container: str | None, stub: str) -> StubTarget:
     release = container or manifest_container(manifest)  # a malformed --container fails in container_python
     if python:
         return StubTarget(python, stub, release)
@@ -120,7 +122,7 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
         except (KeyError, ValueError) as e:
             problems.append(Problem("manifest.json", "file", f"not readable JSON: {e}"))
             manifest = None
-    target = stub_target(manifest, python, container, server.stub if server else "--python")
+    target = stub_target(manifest, python, container, server.stub if server else PYTHON_OPTION)
     no_env_fix = _no_environment_fix(manifest)
 
     configs = {}
