@@ -16,7 +16,7 @@ ENVS ?= text openvino onnx# make env: which envs/<name>/environment.yml to pack
 PYTHON_VERSION ?=# the MME tarball's environment for this Python instead of TRITON_CONTAINER's (e.g. 3.11: the local stub's)
 TRITON_CONTAINER ?=# the Triton container release the tarball is for (default 24.09, the current SageMaker Triton image)
 MME_PORT ?= 8080
-CONTAINER_PYTHON ?=# make mme: the container's Python (e.g. 3.10) for the stub, so tarballs run from their packed environments
+CONTAINER_PYTHON ?=# make mme: the stub's Python: auto (the container's where this machine runs it, as the endpoint), local (this interpreter's), or X.Y
 MAX_MODELS ?= 8
 BENCH ?= full# make bench: full | smoke (small corpus, one repetition, no peer installs; what CI runs)
 export HF_HUB_OFFLINE ?= 1
@@ -56,7 +56,7 @@ env: $(STAMP) ## pack ENVS (text openvino onnx) into dist/envs/ (conda-pack when
 check: $(STAMP) ## will dist/NAME-TARGET.tar.gz load on an MME? artifacts vs configs too (--deep); exit 1 if not
 	$(BIN)/tritonpack check $(REPO).tar.gz --deep $(if $(TRITON_CONTAINER),--container $(TRITON_CONTAINER))
 
-mme: $(STAMP) ## local SageMaker MME on MME_PORT (8080) serving dist/*.tar.gz (CONTAINER_PYTHON=3.10: from their environments, as the endpoint); builds NAME-TARGET first if missing
+mme: $(STAMP) ## local SageMaker MME on MME_PORT (8080) serving dist/*.tar.gz from their environments, as the endpoint (CONTAINER_PYTHON=local: this interpreter's packages); builds NAME-TARGET first if missing
 	@test -f $(REPO).tar.gz || $(BIN)/tritonpack build $(BUILD_ARGS)
 	@echo "invoke: $(BIN)/tritonpack infer --mme http://127.0.0.1:$(MME_PORT) --target-model $(notdir $(REPO)).tar.gz 'some text'"
 	$(BIN)/tritonpack mme --models dist --port $(MME_PORT) --max-models $(MAX_MODELS)$(if $(CONTAINER_PYTHON), --container-python $(CONTAINER_PYTHON))

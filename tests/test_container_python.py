@@ -47,7 +47,7 @@ def test_launcher_is_empty_where_usr_bin_has_the_interpreter(monkeypatch, tmp_pa
 def test_find_says_in_one_line_how_to_get_a_missing_interpreter():
     with pytest.raises(UserError, match=r"^the local Triton runs the Python 3\.99 stub with a local python3\.99, and "
                                         r"there is none: install it \(e\.g\. `pyenv install 3\.99`\), or serve "
-                                        r"without --container-python 3\.99") as raised:
+                                        r"with --container-python local") as raised:
         ContainerPython.find("3.99")
     assert "\n" not in str(raised.value)
 
@@ -67,3 +67,64 @@ def test_find_refuses_to_add_the_interpreter_to_usr_bin_without_root(monkeypatch
     with pytest.raises(UserError, match=rf"{tmp_path}/python{PYTHON_VERSION} is not there, and only root can show it "
                                         r"to tritonserver alone"):
         this_interpreter(monkeypatch, tmp_path)
+
+
+def test_stock_site_holds_the_environments_numpy_and_is_made_once(monkeypatch, tmp_path):
+    """The container's own Python has numpy: the stand-in is a virtual environment of the interpreter with the
+    numpy every environment pins, which a stub without an environment reaches first on PATH."""
+    import subprocess
+
+    from tritonpack.envpack import stock_numpy, stock_site
+
+    python = this_interpreter(monkeypatch, tmp_path)
+    bin_dir = python.stock_bin(tmp_path / "cache")
+    assert bin_dir == tmp_path / "cache" / f"container-site-py{PYTHON_VERSION}" / "bin"
+    version = subprocess.run([bin_dir / "python3", "-c", "import numpy; print(numpy.__version__)"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert f"numpy=={version}" == stock_numpy()
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [f"container-site-py{PYTHON_VERSION}"]
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("made again"))
+    assert stock_site(python.interpreter, bin_dir.parent) == bin_dir
+
+
+def test_stock_site_says_in_one_line_what_pip_could_not_install_and_leaves_nothing(monkeypatch, tmp_path):
+    from tritonpack import envpack
+    from tritonpack.errors import EnvError
+
+    monkeypatch.setattr(envpack, "stock_numpy", lambda: "numpy==1.26.4 ; not a marker")
+    with pytest.raises(EnvError, match=rf"^the container's Python has numpy, and pip could not install "
+                                       rf"numpy==1\.26\.4 ; not a marker for {sys.executable} \(.+\): reach the "
+                                       r"package index once \(pip caches it\), or serve with --container-python "
+                                       r"local$") as raised:
+        envpack.stock_site(Path(sys.executable), tmp_path / "site")
+    assert "\n" not in str(raised.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_local_mme_auto_runs_the_default_containers_python_where_it_can(monkeypatch, tmp_path, caplog):
+    """`tritonpack mme`'s default: the container's Python where this machine runs its stub; else this
+    interpreter's stub, with one line saying why the tarballs' environments will not run and how to fix it."""
+    import logging
+
+    from tritonpack import envpack
+    from tritonpack.containers import AUTO, DEFAULT_CONTAINER, container_python
+    from tritonpack.errors import EnvError
+    from tritonpack.mme import LocalMME
+
+    python = container_python(DEFAULT_CONTAINER)
+    (tmp_path / "models").mkdir()
+    mme = LocalMME(str(tmp_path / "models"), cache_dir=tmp_path / "cache", container_python=AUTO)
+    assert mme.triton.container_python.version == python == mme.manager.store.python
+
+    def missing(version):
+        raise EnvError("none")
+
+    monkeypatch.setattr(envpack, "local_python", missing)
+    with caplog.at_level(logging.WARNING, logger="tritonpack.mme"):
+        mme = LocalMME(str(tmp_path / "models"), cache_dir=tmp_path / "other-cache", container_python=AUTO)
+    assert mme.triton.container_python is None and mme.manager.store.python == PYTHON_VERSION
+    assert [r.getMessage() for r in caplog.records] == [
+        f"python models run with this interpreter's stub and packages, not from their tarballs' environments as on "
+        f"a {DEFAULT_CONTAINER} endpoint: the local Triton runs the Python {python} stub with a local python{python}, "
+        f"and there is none: install it (e.g. `pyenv install {python}`), then start again (--container-python local: "
+        f"the same without this line)"]

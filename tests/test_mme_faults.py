@@ -38,10 +38,11 @@ from tests.mme_support import (
     timing,
 )
 from tests.reliability import hostile
+from tritonpack.containers import DEFAULT_CONTAINER, container_python
 from tritonpack.mme import LocalMME
 from tritonpack.mme.container import TARGET_HEADER
 from tritonpack.mme.health import FaultPolicy
-from tritonpack.proc import group_members
+from tritonpack.proc import command_line, group_members, mapped_files, pids, stub_model_file
 
 pytestmark = pytest.mark.server
 aws_env, local_mme = mme_support.aws_env, mme_support.local_mme
@@ -456,6 +457,14 @@ def test_mme_command_answers_the_call_in_flight_and_exits_cleanly_when_it_gets_s
             assert invoke(server, "slow.tar.gz").status_code == 200  # loaded: a call now takes ~0.5 s
             memory = requests.get(f"{server.url}/models", timeout=10).json()["memory_mb"]
             assert list(memory["loaded"]) == ["slow.tar.gz"] and memory["loaded"]["slow.tar.gz"] > 0
+            # by default the stub is the container's Python, numpy its stand-in's (`containers.ContainerPython`)
+            python = container_python(DEFAULT_CONTAINER)
+            [stub] = [pid for pid in pids() if (model := stub_model_file(command_line(pid)))
+                      and str(tmp_path / "cache") in str(model)]
+            libraries = {Path(p).name for p in mapped_files(stub) if "/libpython3" in p}
+            numpy = {p for p in mapped_files(stub) if "/site-packages/numpy/" in p}
+            assert libraries == {f"libpython{python}.so.1.0"}, libraries
+            assert numpy and all(f"/container-site-py{python}/" in p for p in numpy)
             with ThreadPoolExecutor(1) as pool:
                 in_flight = pool.submit(invoke, server, "slow.tar.gz")
                 time.sleep(0.2)

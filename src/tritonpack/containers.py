@@ -150,6 +150,7 @@ def built_for(repository: Path) -> str:
     return manifest_container(manifest if isinstance(manifest, dict) else None) or DEFAULT_CONTAINER
 
 
+AUTO = "auto"  # the container's Python wanted: the default container's where this machine can run its stub
 SYSTEM_BIN = Path("/usr/bin")  # where the containers have their Python, and what a packed environment links to
 
 
@@ -165,7 +166,9 @@ class ContainerPython:
     minor version (on PATH or under pyenv, built with its shared libpython). Where this machine's /usr/bin lacks it,
     tritonserver starts in a private mount namespace whose /usr/bin is this machine's with the interpreter added (a
     read-only overlay only tritonserver and its stubs see), which takes root. The container's Python also has numpy
-    for models without an environment; the local interpreter has what it has.
+    for models without an environment: a virtual environment of the local interpreter with numpy stands in for it
+    (`stock_bin`, first on tritonserver's PATH, where a stub without an environment looks for its Python; a packed
+    environment's activation puts its own first).
     """
 
     version: str  # minor, e.g. "3.10"
@@ -173,12 +176,12 @@ class ContainerPython:
     library_dir: Path  # holds libpython<version>.so.1.0, which the stub links to
 
     @classmethod
-    def find(cls, version: str) -> ContainerPython:
+    def find(cls, version: str, fix: str | None = None) -> ContainerPython:
         """The local interpreter of Python `version` that stands in for the container's; one line saying what is
-        missing and how to get it otherwise."""
+        missing, how to get it and, after, `fix` (by default: serving with the local stub instead)."""
         from tritonpack.envpack import local_python
 
-        fix = f"or serve without --container-python {version} (the local stub then runs this interpreter's packages)"
+        fix = fix or "or serve with --container-python local (the local stub then runs this interpreter's packages)"
         try:
             found = local_python(version)
         except EnvError:
@@ -204,6 +207,12 @@ class ContainerPython:
 
     def needs_overlay(self) -> bool:
         return not (SYSTEM_BIN / self.executable_name).exists()
+
+    def stock_bin(self, cache: Path) -> Path:
+        """The bin folder of the stand-in for the container's own Python: this interpreter with numpy."""
+        from tritonpack.envpack import stock_site
+
+        return stock_site(self.interpreter, cache / f"container-site-py{self.version}")
 
     def launcher(self, cache: Path) -> list[str]:
         """The command that runs a command (appended) with the interpreter where packed environments look for it."""

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -234,6 +235,44 @@ def _venv_env(spec: EnvSpec, python: str, prefix: Path) -> None:
     _run([sys.executable, "-m", "pip", "--python", str(prefix / "bin" / "python"), "install", "--quiet",
           "--no-compile", "--no-deps", "--disable-pip-version-check", *spec.packages])
     _finish_env(spec, python, prefix)
+
+
+def stock_numpy() -> str:
+    """The numpy requirement every environment pins: what a stock Triton container's Python holds beyond the
+    standard library (its python backend stub imports numpy; models without an environment may too)."""
+    pins = {p for name in known_envs() for p in EnvSpec.load(name).packages if re.match(r"numpy\s*==", p)}
+    if len(pins) != 1:
+        raise EnvError(f"the environments in {ENVS_DIR} pin numpy differently or not at all: {sorted(pins)}")
+    return pins.pop()
+
+
+def stock_site(interpreter: Path, prefix: Path) -> Path:
+    """A virtual environment of `interpreter` at `prefix` holding what the container's Python has (numpy), made
+    once (pip, from the package index or pip's cache); its bin folder. Made beside `prefix` and moved there whole,
+    so a server starting meanwhile sees none or all of it."""
+    requirement = stock_numpy()
+    marker = prefix / "tritonpack-stock.txt"
+    if marker.exists() and marker.read_text() == requirement:
+        return prefix / "bin"
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{prefix.name}.", dir=prefix.parent))
+    try:
+        _run([str(interpreter), "-m", "venv", "--without-pip", str(staging)])
+        pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(staging / "bin" / "python"), "install",
+                              "--quiet", "--no-deps", "--disable-pip-version-check", requirement],
+                             capture_output=True, text=True)
+        if pip.returncode != 0:
+            said = (pip.stderr.strip().splitlines() or ["no output"])[-1]
+            raise EnvError(f"the container's Python has numpy, and pip could not install {requirement} for "
+                           f"{interpreter} ({said}): reach the package index once (pip caches it), or serve with "
+                           f"--container-python local")
+        (staging / marker.name).write_text(requirement)
+        shutil.rmtree(prefix, ignore_errors=True)  # another requirement's, or one a crash left half made
+        with suppress(OSError):  # another server made it first: its copy serves as well
+            staging.rename(prefix)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return prefix / "bin"
 
 
 def _conda_env(spec: EnvSpec, python: str, prefix: Path) -> None:  # pragma: no cover - no conda on CI

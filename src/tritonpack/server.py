@@ -250,8 +250,9 @@ class TritonServer:
         _become_subreaper()
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = server_library_path()
-        if self.container_python is not None:  # the stub runs the packed environments' Python
+        if self.container_python is not None:  # the stub runs the packed environments' Python, else the stock one
             env["LD_LIBRARY_PATH"] += f"{os.pathsep}{self.container_python.library_dir}"
+            env["PATH"] = f"{self.container_python.stock_bin(local_cache())}{os.pathsep}{env.get('PATH', '')}"
         else:  # the stub runs in this interpreter's environment: make its site-packages and bin visible
             env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         env.update(self.env)

@@ -93,8 +93,9 @@ STOCK_CONTAINER_PYTHON = ServerPython(lambda module: False)  # numpy only, which
 def container_stub_python(python: str) -> ServerPython:
     """The local MME on the container's Python (`--container-python`): numpy only without an environment, as in the
     container, and a stub of that Python."""
-    return ServerPython(STOCK_CONTAINER_PYTHON.has, stub=f"the local MME runs the Python {python} container's stub: "
-                                                         f"--container-python {python}")
+    return ServerPython(STOCK_CONTAINER_PYTHON.has, stub=f"the local MME runs the Python {python} container's stub; "
+                                                         f"--container-python X.Y runs another's, local this "
+                                                         f"interpreter's")
 
 
 def stub_target(manifest: dict | None, python: str | None, container: str | None, stub: str) -> StubTarget:

@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 
 from tritonpack.aws import endpoint_url
-from tritonpack.containers import ADDITIONAL_ARGS, CONTAINER_ENVIRONMENT, parse_environment, python_minor
+from tritonpack.containers import ADDITIONAL_ARGS, AUTO, CONTAINER_ENVIRONMENT, parse_environment, python_minor
 from tritonpack.errors import UserError
 from tritonpack.mme.request_guard import MAX_PAYLOAD_BYTES
 
+LOCAL = "local"  # --container-python: this interpreter's stub
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
 
@@ -23,6 +24,11 @@ def parse_bytes(text: str) -> int:
         raise UserError(f"not a size: {text!r} (examples: 20G, 512M, 1000000)")
     number, unit = match.groups()
     return int(float(number) * 1024 ** " kmgt".index(unit.lower() or " "))
+
+
+def container_python_option(text: str) -> str:
+    """`--container-python`'s value (argparse type): auto, local or a Python minor version."""
+    return text if text in (AUTO, LOCAL) else python_minor(text)
 
 
 def cmd_mme(args) -> int:
@@ -42,7 +48,7 @@ def cmd_mme(args) -> int:
                        max_payload_bytes=args.max_payload_bytes, drain_s=args.drain_seconds,
                        triton_log=Path(args.triton_log) if args.triton_log else None,
                        environment=parse_environment(args.env, CONTAINER_ENVIRONMENT),
-                       container_python=args.container_python)
+                       container_python=None if args.container_python == LOCAL else args.container_python)
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from None
     print(f"starting tritonserver (SageMaker front-end, MME mode); log: {mme.triton.log_path}", flush=True)
@@ -93,8 +99,9 @@ def add_command(subparsers) -> None:
                         "as a stock endpoint does (auto-complete on)")
     p.add_argument("--triton-log", help="keep tritonserver's log in this file (default: a temporary folder, "
                                         "removed at stop)")
-    p.add_argument("--container-python", type=python_minor, metavar="X.Y",
+    p.add_argument("--container-python", type=container_python_option, default=AUTO, metavar="X.Y|auto|local",
                    help="run the stub of the container's Python (e.g. 3.10 for 24.09) with a local pythonX.Y, so "
-                        "each tarball runs from the environment it packs for that Python, as on the endpoint "
-                        "(default: this interpreter's stub and packages)")
+                        "each tarball runs from the environment it packs for that Python, as on the endpoint; "
+                        "local: this interpreter's stub and packages; auto (default): the default container's "
+                        "Python where this machine can run its stub, else local, saying why")
     p.set_defaults(func=cmd_mme)

@@ -4,6 +4,7 @@ usable as a context manager (tests, scripts) or from the command line."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from tritonpack.containers import CONTAINER_ENVIRONMENT
+from tritonpack.containers import AUTO, CONTAINER_ENVIRONMENT, DEFAULT_CONTAINER, ContainerPython, container_python
 from tritonpack.errors import ServerError, UserError
 from tritonpack.mme.container import SageMakerTriton
 from tritonpack.mme.gateway import INVOCATION_S, Gateway
@@ -21,6 +22,8 @@ from tritonpack.mme.metrics import Metrics
 from tritonpack.mme.request_guard import MAX_PAYLOAD_BYTES
 from tritonpack.mme.sources import open_source
 from tritonpack.mme.store import DiskCache, TargetStore
+
+log = logging.getLogger("tritonpack.mme")
 
 LISTEN_BACKLOG = 1024
 # A call answered at the invocation limit keeps its thread until Triton answers; it stops waiting this much later
@@ -43,11 +46,11 @@ class LocalMME:
     invocation_s: float = INVOCATION_S  # an invocation is answered within this, as SageMaker answers it
     # the container environment, as an endpoint's model sets it
     environment: Mapping[str, str] = field(default_factory=lambda: dict(CONTAINER_ENVIRONMENT))
-    # the container's Python (e.g. "3.10"): the stub runs it and tarballs run from their environments packed for it
+    # the container's Python (e.g. "3.10"): the stub runs it and tarballs run from their environments packed for it;
+    # AUTO: the default container's where this machine can run its stub; None: this interpreter's stub and packages
     container_python: str | None = None
 
     def __post_init__(self) -> None:
-        from tritonpack.containers import ContainerPython
         from tritonpack.server import PYTHON_VERSION, stub_path_problem
 
         self.source = open_source(self.models, self.s3_endpoint_url)
@@ -55,11 +58,11 @@ class LocalMME:
         if problem := stub_path_problem(cache_dir):  # Triton loads the targets from there
             raise UserError(f"--cache-dir {cache_dir}: {problem}")
         self.cache = DiskCache(Path(cache_dir), self.cache_bytes)
-        container = ContainerPython.find(self.container_python) if self.container_python else None
+        container = self._stub_python()
         self.triton = SageMakerTriton(log_path=self.triton_log, environment=self.environment,
                                       invoke_timeout_s=self.invocation_s + ABANDONED_CALL_S, container_python=container)
         metrics = Metrics()
-        store = TargetStore(self.source, self.cache, metrics, python=self.container_python or PYTHON_VERSION,
+        store = TargetStore(self.source, self.cache, metrics, python=container.version if container else PYTHON_VERSION,
                             container=container is not None)
         self.manager = ModelManager(store, self.triton, self.max_models, metrics, self.policy)
         self.gateway = Gateway(self.manager, self.max_payload_bytes, invocation_s=self.invocation_s)
@@ -67,6 +70,17 @@ class LocalMME:
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
         self._bound_port: int | None = None
+
+    def _stub_python(self) -> ContainerPython | None:
+        if self.container_python != AUTO:
+            return ContainerPython.find(self.container_python) if self.container_python else None
+        try:
+            return ContainerPython.find(container_python(DEFAULT_CONTAINER), fix="then start again")
+        except UserError as e:
+            log.warning("python models run with this interpreter's stub and packages, not from their tarballs' "
+                        "environments as on a %s endpoint: %s (--container-python local: the same without this "
+                        "line)", DEFAULT_CONTAINER, e)
+            return None
 
     @property
     def url(self) -> str:
