@@ -252,7 +252,11 @@ def stock_site(interpreter: Path, prefix: Path) -> Path:
     so a server starting meanwhile sees none or all of it."""
     requirement = stock_numpy()
     marker = prefix / "tritonpack-stock.txt"
-    if marker.exists() and marker.read_text() == requirement:
+
+    def made() -> bool:
+        return marker.exists() and marker.read_text() == requirement
+
+    if made():
         return prefix / "bin"
     prefix.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{prefix.name}.", dir=prefix.parent))
@@ -267,9 +271,10 @@ def stock_site(interpreter: Path, prefix: Path) -> Path:
                            f"{interpreter} ({said}): reach the package index once (pip caches it), or serve with "
                            f"--container-python local")
         (staging / marker.name).write_text(requirement)
-        shutil.rmtree(prefix, ignore_errors=True)  # another requirement's, or one a crash left half made
-        with suppress(OSError):  # another server made it first: its copy serves as well
-            staging.rename(prefix)
+        if not made():  # else another server made it meanwhile, and may be using it
+            shutil.rmtree(prefix, ignore_errors=True)  # another requirement's, or one a crash left half made
+            with suppress(OSError):  # made in between after all: that copy serves as well
+                staging.rename(prefix)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return prefix / "bin"
