@@ -103,7 +103,8 @@ def test_stock_site_says_in_one_line_what_pip_could_not_install_and_leaves_nothi
 
 def test_local_mme_auto_runs_the_default_containers_python_where_it_can(monkeypatch, tmp_path, caplog):
     """`tritonpack mme`'s default: the container's Python where this machine runs its stub; else this
-    interpreter's stub, with one line saying why the tarballs' environments will not run and how to fix it."""
+    interpreter's stub, with one line saying why the tarballs' environments will not run and how to fix it: no
+    local python3.10, or no numpy for its stand-in of the container's Python (pip offline)."""
     import logging
 
     from tritonpack import envpack
@@ -128,3 +129,12 @@ def test_local_mme_auto_runs_the_default_containers_python_where_it_can(monkeypa
         f"a {DEFAULT_CONTAINER} endpoint: the local Triton runs the Python {python} stub with a local python{python}, "
         f"and there is none: install it (e.g. `pyenv install {python}`), then start again (--container-python local: "
         f"the same without this line)"]
+    caplog.clear()
+    monkeypatch.undo()
+    monkeypatch.setattr(envpack, "stock_numpy", lambda: "numpy==1.26.4 ; not a marker")  # as pip fails offline
+    monkeypatch.setenv("TRITONPACK_CACHE", str(tmp_path / "empty-cache"))
+    with caplog.at_level(logging.WARNING, logger="tritonpack.mme"):
+        mme = LocalMME(str(tmp_path / "models"), cache_dir=tmp_path / "third-cache", container_python=AUTO)
+    assert mme.triton.container_python is None
+    [offline] = [r.getMessage() for r in caplog.records]
+    assert f"as on a {DEFAULT_CONTAINER} endpoint: the container's Python has numpy, and pip could not" in offline

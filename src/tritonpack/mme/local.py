@@ -72,10 +72,14 @@ class LocalMME:
         self._bound_port: int | None = None
 
     def _stub_python(self) -> ContainerPython | None:
+        from tritonpack.server import local_cache
+
         if self.container_python != AUTO:
             return ContainerPython.find(self.container_python) if self.container_python else None
         try:
-            return ContainerPython.find(container_python(DEFAULT_CONTAINER), fix="then start again")
+            python = ContainerPython.find(container_python(DEFAULT_CONTAINER), fix="then start again")
+            python.stock_bin(local_cache())  # made now: where it cannot be (offline), the local stub serves
+            return python
         except UserError as e:
             log.warning("python models run with this interpreter's stub and packages, not from their tarballs' "
                         "environments as on a %s endpoint: %s (--container-python local: the same without this "
