@@ -92,12 +92,16 @@ def test_stock_site_says_in_one_line_what_pip_could_not_install_and_leaves_nothi
     from tritonpack.errors import EnvError
 
     monkeypatch.setattr(envpack, "stock_numpy", lambda: "numpy==1.26.4 ; not a marker")
-    with pytest.raises(EnvError, match=rf"^the container's Python has numpy, and pip could not install "
+    with pytest.raises(EnvError, match=rf"^the container's Python has numpy, and pip could not make "
                                        rf"numpy==1\.26\.4 ; not a marker for {sys.executable} \(.+\): reach the "
                                        r"package index once \(pip caches it\), or serve with --container-python "
                                        r"local$") as raised:
         envpack.stock_site(Path(sys.executable), tmp_path / "site")
     assert "\n" not in str(raised.value)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(EnvError, match=r"^the container's Python has numpy, and venv could not make numpy==1\.26\.4 "
+                                       r"; not a marker for /bin/false \(exit status 1\)"):
+        envpack.stock_site(Path("/bin/false"), tmp_path / "site")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -137,4 +141,4 @@ def test_local_mme_auto_runs_the_default_containers_python_where_it_can(monkeypa
         mme = LocalMME(str(tmp_path / "models"), cache_dir=tmp_path / "third-cache", container_python=AUTO)
     assert mme.triton.container_python is None
     [offline] = [r.getMessage() for r in caplog.records]
-    assert f"as on a {DEFAULT_CONTAINER} endpoint: the container's Python has numpy, and pip could not" in offline
+    assert f"as on a {DEFAULT_CONTAINER} endpoint: the container's Python has numpy, and pip could not make" in offline

@@ -261,15 +261,15 @@ def stock_site(interpreter: Path, prefix: Path) -> Path:
     prefix.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{prefix.name}.", dir=prefix.parent))
     try:
-        _run([str(interpreter), "-m", "venv", "--without-pip", str(staging)])
-        pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(staging / "bin" / "python"), "install",
-                              "--quiet", "--no-deps", "--disable-pip-version-check", requirement],
-                             capture_output=True, text=True)
-        if pip.returncode != 0:
-            said = (pip.stderr.strip().splitlines() or ["no output"])[-1]
-            raise EnvError(f"the container's Python has numpy, and pip could not install {requirement} for "
-                           f"{interpreter} ({said}): reach the package index once (pip caches it), or serve with "
-                           f"--container-python local")
+        for step in ([str(interpreter), "-m", "venv", "--without-pip", str(staging)],
+                     [sys.executable, "-m", "pip", "--python", str(staging / "bin" / "python"), "install", "--quiet",
+                      "--no-deps", "--disable-pip-version-check", requirement]):
+            done = subprocess.run(step, capture_output=True, text=True)
+            if done.returncode != 0:
+                said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+                raise EnvError(f"the container's Python has numpy, and {step[2]} could not make {requirement} "
+                               f"for {interpreter} ({said}): reach the package index once (pip caches it), or "
+                               f"serve with --container-python local")
         (staging / marker.name).write_text(requirement)
         if not made():  # else another server made it meanwhile, and may be using it
             shutil.rmtree(prefix, ignore_errors=True)  # another requirement's, or one a crash left half made
