@@ -477,6 +477,8 @@ def test_mme_command_answers_the_call_in_flight_and_exits_cleanly_when_it_gets_s
         output = command.stdout.read()
     assert "stopping: draining" in output and "Traceback" not in output, output[-2000:]
     assert f"loaded targets and their memory: {server.url}/models" in output
+    assert (f"  python models: the container's Python {python} stub: each tarball's own environment, numpy only "
+            f"without one\n") in output
     assert not workdir.exists()
 
 

@@ -34,6 +34,7 @@ def container_python_option(text: str) -> str:
 def cmd_mme(args) -> int:
     from tritonpack.cli import stopped_by_signals, wait_for_stop
     from tritonpack.mme.local import LocalMME
+    from tritonpack.server import PYTHON_VERSION
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     if args.max_models < 1 or args.max_payload_bytes < 1:
@@ -59,8 +60,12 @@ def cmd_mme(args) -> int:
             except OSError as e:
                 raise UserError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
             with mme:
+                container = mme.triton.container_python
+                stub = (f"the container's Python {container.version} stub: each tarball's own environment, numpy "
+                        f"only without one" if container else
+                        f"this interpreter's Python {PYTHON_VERSION} stub and packages")
                 print(f"local MME on {mme.url}: models from {mme.source}, at most {args.max_models} loaded, "
-                      f"disk cache {mme.cache.root} ({args.cache_bytes})\n"
+                      f"disk cache {mme.cache.root} ({args.cache_bytes})\n  python models: {stub}\n"
                       f"  invoke: aws sagemaker-runtime invoke-endpoint --endpoint-url {mme.url} --endpoint-name "
                       f"local --target-model <tarball> ...\n  metrics: {mme.url}/metrics\n"
                       f"  loaded targets and their memory: {mme.url}/models", flush=True)
