@@ -66,16 +66,15 @@ class Bench:
         """The default container's Python where this machine runs its stub (`containers.ContainerPython`): the
         MME part then measures the default tarball as users upload it, its environment run by that stub. Else None,
         and the tarball's environment is packed for this interpreter's Python, which the local stub runs."""
-        from tritonpack.containers import DEFAULT_CONTAINER, ContainerPython, container_python
+        from tritonpack.containers import ContainerPython
         from tritonpack.errors import UserError
+        from tritonpack.server import local_cache
 
-        python = container_python(DEFAULT_CONTAINER)
         try:
-            ContainerPython.find(python)
+            return ContainerPython.of_default_container(local_cache()).version
         except UserError as e:
             self.log(f"  the MME part runs the tarball's environment for this interpreter's Python instead: {e}")
             return None
-        return python
 
     def build_variant(self, label: str, name: str = "bert", serving: tuple[tuple[str, str], ...] = (),
                       env: bool = True, env_python: str | None = None):

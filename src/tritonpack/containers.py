@@ -201,6 +201,14 @@ class ContainerPython:
                             f"tritonserver alone (a private mount namespace): run as root, {fix}")
         return python
 
+    @classmethod
+    def of_default_container(cls, cache: Path) -> ContainerPython:
+        """The default container's Python where this machine can run its stub, its stand-in's numpy made under
+        `cache`; else one line saying why not."""
+        python = cls.find(container_python(DEFAULT_CONTAINER), fix="then start again")
+        python.stock_bin(cache)  # made now: where it cannot be (pip offline), the caller serves otherwise
+        return python
+
     @property
     def executable_name(self) -> str:
         return f"python{self.version}"

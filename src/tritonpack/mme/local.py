@@ -12,7 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from tritonpack.containers import AUTO, CONTAINER_ENVIRONMENT, DEFAULT_CONTAINER, ContainerPython, container_python
+from tritonpack.containers import AUTO, CONTAINER_ENVIRONMENT, DEFAULT_CONTAINER, ContainerPython
 from tritonpack.errors import ServerError, UserError
 from tritonpack.mme.container import SageMakerTriton
 from tritonpack.mme.gateway import INVOCATION_S, Gateway
@@ -77,9 +77,7 @@ class LocalMME:
         if self.container_python != AUTO:
             return ContainerPython.find(self.container_python) if self.container_python else None
         try:
-            python = ContainerPython.find(container_python(DEFAULT_CONTAINER), fix="then start again")
-            python.stock_bin(local_cache())  # made now: where it cannot be (offline), the local stub serves
-            return python
+            return ContainerPython.of_default_container(local_cache())
         except UserError as e:
             log.warning("python models run with this interpreter's stub and packages, not from their tarballs' "
                         "environments as on a %s endpoint: %s (--container-python local: the same without this "
