@@ -230,10 +230,17 @@ def local_python(python: str) -> str:
                    f"environment (--no-env; make: NO_ENV=1) for an image that has it")
 
 
+def _venv_commands(interpreter: str, prefix: Path, packages: list[str], *pip_options: str) -> list[list[str]]:
+    """The commands that make a virtual environment of `interpreter` at `prefix` holding `packages`, installed by
+    this interpreter's pip (exact pins, so no dependency resolution)."""
+    return [[interpreter, "-m", "venv", "--without-pip", str(prefix)],
+            [sys.executable, "-m", "pip", "--python", str(prefix / "bin" / "python"), "install", "--quiet",
+             "--no-deps", "--disable-pip-version-check", *pip_options, *packages]]
+
+
 def _venv_env(spec: EnvSpec, python: str, prefix: Path) -> None:
-    _run([local_python(python), "-m", "venv", "--without-pip", str(prefix)])
-    _run([sys.executable, "-m", "pip", "--python", str(prefix / "bin" / "python"), "install", "--quiet",
-          "--no-compile", "--no-deps", "--disable-pip-version-check", *spec.packages])
+    for command in _venv_commands(local_python(python), prefix, list(spec.packages), "--no-compile"):
+        _run(command)
     _finish_env(spec, python, prefix)
 
 
@@ -261,9 +268,7 @@ def stock_site(interpreter: Path, prefix: Path) -> Path:
     prefix.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{prefix.name}.", dir=prefix.parent))
     try:
-        for step in ([str(interpreter), "-m", "venv", "--without-pip", str(staging)],
-                     [sys.executable, "-m", "pip", "--python", str(staging / "bin" / "python"), "install", "--quiet",
-                      "--no-deps", "--disable-pip-version-check", requirement]):
+        for step in _venv_commands(str(interpreter), staging, [requirement]):
             done = subprocess.run(step, capture_output=True, text=True)
             if done.returncode != 0:
                 said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
