@@ -246,7 +246,8 @@ def _venv_env(spec: EnvSpec, python: str, prefix: Path) -> None:
 
 def stock_numpy() -> str:
     """The numpy requirement every environment pins: what a stock Triton container's Python holds beyond the
-    standard library (its python backend stub imports numpy; models without an environment may too)."""
+    standard library (its python backend stub imports numpy; models without an environment may too). 24.09's
+    image got it from `pip3 install --upgrade "numpy<2"` (Triton 2.51's build.py): 1.26.4, the last numpy 1."""
     pins = {p for name in known_envs() for p in EnvSpec.load(name).packages if re.match(r"numpy\s*==", p)}
     if len(pins) != 1:
         raise EnvError(f"the environments in {ENVS_DIR} pin numpy differently or not at all: {sorted(pins)}")
