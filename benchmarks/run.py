@@ -68,10 +68,9 @@ class Bench:
         and the tarball's environment is packed for this interpreter's Python, which the local stub runs."""
         from tritonpack.containers import ContainerPython
         from tritonpack.errors import UserError
-        from tritonpack.server import local_cache
 
         try:
-            return ContainerPython.of_default_container(local_cache()).version
+            return ContainerPython.of_default_container().version
         except UserError as e:
             self.log(f"  the MME part runs the tarball's environment for this interpreter's Python instead: {e}")
             return None

@@ -202,11 +202,13 @@ class ContainerPython:
         return python
 
     @classmethod
-    def of_default_container(cls, cache: Path) -> ContainerPython:
-        """The default container's Python where this machine can run its stub, its stand-in's numpy made under
-        `cache`; else one line saying why not."""
+    def of_default_container(cls) -> ContainerPython:
+        """The default container's Python where this machine can run its stub, its stand-in's numpy made where the
+        local Triton looks for it at start (`local_cache`); else one line saying why not."""
+        from tritonpack.server import local_cache
+
         python = cls.find(container_python(DEFAULT_CONTAINER), fix="then start again")
-        python.stock_bin(cache)  # made now: where it cannot be (pip offline), the caller serves otherwise
+        python.stock_bin(local_cache())  # made now: where it cannot be (pip offline), the caller serves otherwise
         return python
 
     @property

@@ -72,12 +72,10 @@ class LocalMME:
         self._bound_port: int | None = None
 
     def _stub_python(self) -> ContainerPython | None:
-        from tritonpack.server import local_cache
-
         if self.container_python != AUTO:
             return ContainerPython.find(self.container_python) if self.container_python else None
         try:
-            return ContainerPython.of_default_container(local_cache())
+            return ContainerPython.of_default_container()
         except UserError as e:
             log.warning("python models run with this interpreter's stub and packages, not from their tarballs' "
                         "environments as on a %s endpoint: %s (--container-python local: the same without this "
