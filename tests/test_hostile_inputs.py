@@ -131,6 +131,15 @@ def test_request_guard_names_the_rule_a_request_breaks_when_only_that_rule_catch
     assert problem is not None and reason in problem, problem
 
 
+def test_gateway_names_the_content_type_field_a_sagemaker_client_set_when_it_is_past_the_body():
+    from tritonpack.codec import BINARY_JSON
+    from tritonpack.mme.gateway import request_problem
+
+    body = _body([1, 1])
+    problem = request_problem(body, f"{BINARY_JSON};json-header-size=99999")
+    assert problem == f"content type's json-header-size 99999 is outside the body's {len(body)} bytes"
+
+
 @pytest.mark.parametrize("request_", [hostile.text_request(["hello", "world"]),
                                       hostile.json_request([{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES",
                                                              "data": ["hello"]}]),

@@ -49,14 +49,14 @@ LINGER_S = 2.0  # how long an unread request body (past the limit) is read and d
 
 def request_problem(body: bytes, content_type: str | None) -> str | None:
     """Why an invocation body is not a well-formed KServe v2 request (JSON or binary+json); None if it is."""
-    from tritonpack.codec import header_size
+    from tritonpack.codec import HEADER_SIZE, header_size
     from tritonpack.errors import PayloadError
 
     try:
         size = header_size(content_type)
     except PayloadError as e:
         return str(e)
-    return infer_request_problem(body, None if size is None else str(size))
+    return infer_request_problem(body, None if size is None else str(size), f"content type's {HEADER_SIZE.rstrip('=')}")
 
 
 MODEL_STATUS = web.ResponseKey("model_status", int)  # what the 4XX/5XX metrics count, as CloudWatch's do

@@ -21,9 +21,10 @@ MAX_DIM = 2**31 - 1  # Triton keeps dims as int64 but wraps batch sizes at 2**32
 MAX_ELEMENTS = 2**31 - 1
 
 
-def infer_request_problem(body: bytes, header_length: str | None = None) -> str | None:
-    """Why `body` (with its `Inference-Header-Content-Length` header, if any) is not a well-formed v2 request;
-    None when it is."""
+def infer_request_problem(body: bytes, header_length: str | None = None,
+                          header_field: str = HEADER_LENGTH) -> str | None:
+    """Why `body` (with the length of its JSON part, if any, from the field the messages name) is not a well-formed
+    v2 request; None when it is."""
     if not body:
         return "empty request body (expected a KServe v2 JSON request)"
     if header_length is None:
@@ -32,9 +33,9 @@ def infer_request_problem(body: bytes, header_length: str | None = None) -> str 
         try:
             length = int(str(header_length).strip())
         except ValueError:
-            return f"{HEADER_LENGTH} {header_length!r} is not an integer"
+            return f"{header_field} {header_length!r} is not an integer"
         if not 0 < length <= len(body):
-            return f"{HEADER_LENGTH} {length} is outside the body's {len(body)} bytes"
+            return f"{header_field} {length} is outside the body's {len(body)} bytes"
         json_part, binary_size = body[:length], len(body) - length
     try:  # as Triton's parser reads it: UTF-8, a byte-order mark allowed (json.loads also takes UTF-16 and -32)
         request = json.loads(json_part.decode("utf-8-sig"))
@@ -49,7 +50,7 @@ def infer_request_problem(body: bytes, header_length: str | None = None) -> str 
         return "request needs a non-empty 'inputs' list"
     declared_binary = 0
     for i, tensor in enumerate(inputs):
-        problem, size = _input_problem(tensor, binary_size > 0)
+        problem, size = _input_problem(tensor, binary_size > 0, header_field)
         if problem:
             return f"inputs[{i}]: {problem}"
         declared_binary += size
@@ -64,7 +65,7 @@ def infer_request_problem(body: bytes, header_length: str | None = None) -> str 
     return None
 
 
-def _input_problem(tensor, has_binary: bool) -> tuple[str | None, int]:
+def _input_problem(tensor, has_binary: bool, header_field: str) -> tuple[str | None, int]:
     if not isinstance(tensor, dict):
         return "must be an object", 0
     if not isinstance(tensor.get("name"), str) or not tensor["name"]:
@@ -90,7 +91,7 @@ def _input_problem(tensor, has_binary: bool) -> tuple[str | None, int]:
     if type(size) is not int or size < 0:
         return f"binary_data_size must be a non-negative integer, got {size!r}", 0
     if not has_binary and size:
-        return f"binary_data_size {size} but no {HEADER_LENGTH} header", 0
+        return f"binary_data_size {size} but no {header_field}", 0
     return None, size
 
 
