@@ -142,3 +142,37 @@ def test_local_mme_auto_runs_the_default_containers_python_where_it_can(monkeypa
     assert mme.triton.container_python is None
     [offline] = [r.getMessage() for r in caplog.records]
     assert f"as on a {DEFAULT_CONTAINER} endpoint: the container's Python has numpy, and pip could not make" in offline
+
+
+@pytest.mark.parametrize("system_site", [True, False], ids=["includes_system_site", "isolated"])
+def test_container_site_comes_after_an_environments_own_packages_only_where_it_includes_the_system_site(
+        tmp_path, system_site):
+    """The local stubs' stand-in for the container's site-packages (`containers.container_site_environment`): a
+    packed environment whose pyvenv.cfg includes the system site-packages imports what it lacks from there, and its
+    own copy of what both have; an isolated one sees none of it; the hook's own folder leaves sys.path."""
+    import subprocess
+
+    site = tmp_path / "container-site"
+    site.mkdir()
+    (site / "only_in_container.py").write_text("WHERE = 'container'\n")
+    (site / "in_both.py").write_text("WHERE = 'container'\n")
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", *(["--system-site-packages"] * system_site),
+                    str(env)], check=True)
+    next(env.glob("lib/python*/site-packages")).joinpath("in_both.py").write_text("WHERE = 'environment'\n")
+    probe = ("import sys, in_both\ntry:\n    import only_in_container\n    only = only_in_container.WHERE\n"
+             "except ImportError:\n    only = None\nprint(in_both.WHERE, only, str(sys.path))")
+    said = subprocess.run([env / "bin" / "python", "-c", probe], capture_output=True, text=True, check=True,
+                          env={**os.environ, **containers.container_site_environment(site, "/elsewhere")}).stdout
+    both, only, path = said.split(" ", 2)
+    assert (both, only) == ("environment", "container" if system_site else "None")
+    assert str(containers.SITE_HOOK) not in path and "/elsewhere" in path
+
+
+def test_local_stock_site_links_this_interpreters_numpy(tmp_path):
+    import numpy
+
+    site = containers.local_stock_site(tmp_path)
+    assert site == tmp_path / f"local-site-py{PYTHON_VERSION}"
+    assert (site / "numpy").resolve() == Path(numpy.__file__).resolve().parent
+    assert containers.local_stock_site(tmp_path) == site and len(list(site.iterdir())) >= 2  # its metadata too

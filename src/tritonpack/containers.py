@@ -115,6 +115,16 @@ def stub_needs_numpy1(container: str) -> bool:
     return version_key(container) <= version_key(NUMPY1_STUB_LAST)
 
 
+def takes_container_numpy(python: str) -> bool:
+    """Whether an environment for Python `python` takes numpy from the container's site-packages: Triton containers
+    run that Python, and each has numpy 1 there (the releases up to NUMPY1_STUB_LAST; 24.09's build.py installs
+    "numpy<2": 1.26.4, the pin of every environment, `envpack.stock_numpy`). Not for a Python no container runs
+    (3.11: the local stub's, which starts isolated, so that no stand-in reaches it) nor for 3.12 (24.12 and later,
+    whose numpy is not known here)."""
+    releases = [last for _, last, py in CONTAINER_PYTHON if py == python]
+    return bool(releases) and all(version_key(last) <= version_key(NUMPY1_STUB_LAST) for last in releases)
+
+
 def containers_for(python: str) -> list[str]:
     """Container release ranges whose Python is `python`, e.g. ['23.03-24.11']."""
     return [f"{first}-{last}" if last != "99.99" else f"{first}+" for first, last, py in CONTAINER_PYTHON
@@ -148,6 +158,39 @@ def built_for(repository: Path) -> str:
     except (OSError, ValueError):
         return DEFAULT_CONTAINER
     return manifest_container(manifest if isinstance(manifest, dict) else None) or DEFAULT_CONTAINER
+
+
+# Where the local Triton's stubs find the container's own site-packages (`container_site/sitecustomize.py`)
+SITE_HOOK = Path(__file__).resolve().parent / "container_site"
+CONTAINER_SITE = "TRITONPACK_CONTAINER_SITE"
+
+
+def container_site_environment(site_packages: Path, pythonpath: str | None) -> dict[str, str]:
+    """What the local tritonserver's environment needs so that a stub in a packed environment that includes the
+    system site-packages finds `site_packages` after the environment's own, as it finds the container's numpy there
+    (`pythonpath`: the variable as it was)."""
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(SITE_HOOK), pythonpath])),
+            CONTAINER_SITE: str(site_packages)}
+
+
+def local_stock_site(cache: Path) -> Path:
+    """The stand-in for the container's site-packages when the stub is this interpreter's: a folder in `cache`
+    linking to this interpreter's numpy (the pin every environment shares, `envpack.stock_numpy`)."""
+    import numpy
+
+    from tritonpack.server import PYTHON_VERSION
+
+    prefix = cache / f"local-site-py{PYTHON_VERSION}"
+    installed = Path(numpy.__file__).resolve().parent.parent
+    prefix.mkdir(parents=True, exist_ok=True)
+    for item in installed.glob("numpy*"):  # the package, its bundled libraries and its metadata
+        link = prefix / item.name
+        if not link.is_symlink() or os.readlink(link) != str(item):
+            made = prefix / f".{item.name}.{os.getpid()}"
+            made.unlink(missing_ok=True)
+            made.symlink_to(item)
+            made.replace(link)  # atomic: a server starting meanwhile sees the old link or the new one
+    return prefix
 
 
 AUTO = "auto"  # the container's Python wanted: the default container's where this machine can run its stub
@@ -223,6 +266,10 @@ class ContainerPython:
         from tritonpack.envpack import stock_site
 
         return stock_site(self.interpreter, cache / f"container-site-py{self.version}")
+
+    def stock_site_packages(self, cache: Path) -> Path:
+        """The site-packages of that stand-in, where its numpy is."""
+        return self.stock_bin(cache).parent / "lib" / f"python{self.version}" / "site-packages"
 
     def launcher(self, cache: Path) -> list[str]:
         """The command that runs a command (appended) with the interpreter where packed environments look for it."""

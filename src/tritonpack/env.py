@@ -28,7 +28,8 @@ from tritonpack.containers import (
 from tritonpack.envpack import EnvSpec, cached_env, known_envs, packer
 from tritonpack.server import PYTHON_VERSION
 
-# Environment → the top-level modules it provides (numpy is in every env and in every Triton container).
+# Environment → the top-level modules it provides (numpy is in every Triton container's Python, and every env has
+# it: its own, or the container's site-packages).
 PROVIDES: dict[str, frozenset[str]] = {name: env.provides for name, env in ENVIRONMENTS.items()}
 STUB_MODULES = frozenset({"triton_python_backend_utils", "numpy"})
 # Standard modules that the containers' Pythons (CONTAINER_PYTHON: 3.8, 3.10, 3.12) disagree on, by the minor that

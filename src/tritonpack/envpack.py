@@ -10,7 +10,9 @@ build paths.
 
 The stub runs the packed env with the Python it was compiled for, so the env's Python minor version must
 equal the target container's (`tritonpack.containers`); a venv-pack env links to that interpreter (`/usr/bin`
-on the Triton containers, `--python-prefix`).
+on the Triton containers, `--python-prefix`) and includes its site-packages, where the containers have numpy: an env
+for containers whose numpy is numpy 1 leaves its own out (`EnvSpec.installed`). Its import check, and the local
+Triton's stubs, find a stand-in there (`containers.container_site_environment`).
 """
 
 from __future__ import annotations
@@ -122,6 +124,17 @@ class EnvSpec:
         patterns = [p.pattern for p in (extra_strip(m, python) for m in self.members) if p is not None]
         return re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
 
+    def installed(self, method: str, python: str) -> tuple[str, ...]:
+        """What packing with `method` for Python `python` installs. A venv-pack environment includes the container
+        Python's site-packages, and where those hold numpy 1 (`containers.takes_container_numpy`; 16 MB of `bert`'s
+        46 MB environment) it takes numpy from there, as the stub itself does; a conda one runs a Python of its own,
+        so it holds its own numpy, as does one for a Python whose containers' numpy is not known."""
+        from tritonpack.containers import takes_container_numpy
+
+        if method == "conda-pack" or not takes_container_numpy(python):
+            return self.packages
+        return tuple(p for p in self.packages if not re.match(r"numpy\s*==", p))
+
     def import_check(self) -> list[str]:
         """Modules imported after packing to prove the env works."""
         modules = {"numpy"}
@@ -176,9 +189,9 @@ def pack_env(names: str | tuple[str, ...], out_dir: Path, python: str | None = N
         (_conda_env if method == "conda-pack" else _venv_env)(spec, python, prefix)
         stats = pack_prefix(prefix, target, python, method)
     target.with_suffix("").with_suffix(".json").write_text(json.dumps(
-        {"env": spec.name, "python": python, "packages": list(spec.packages), "packed_with": method, **stats},
-        indent=2) + "\n")
-    return PackedEnv(spec.name, python, target, spec.packages, method)
+        {"env": spec.name, "python": python, "packages": list(spec.installed(method, python)), "packed_with": method,
+         **stats}, indent=2) + "\n")
+    return PackedEnv(spec.name, python, target, spec.installed(method, python), method)
 
 
 @producer("packed-env", libraries=("venv-pack", "conda-pack"),
@@ -193,7 +206,8 @@ def cached_env(cache: ArtifactCache, names: tuple[str, ...], python: str | None 
     spec = EnvSpec.load(names)
     python, method = python or PYTHON_VERSION, method or packer()
     folder = cache.get(packed_env, names=spec.members, python=python, method=method)
-    return PackedEnv(spec.name, python, folder / f"{spec.name}-py{python}.tar.gz", spec.packages, method)
+    return PackedEnv(spec.name, python, folder / f"{spec.name}-py{python}.tar.gz", spec.installed(method, python),
+                     method)
 
 
 def pack_prefix(prefix: Path, target: Path, python: str, method: str = "venv-pack") -> dict:
@@ -230,16 +244,20 @@ def local_python(python: str) -> str:
                    f"environment (--no-env; make: NO_ENV=1) for an image that has it")
 
 
-def _venv_commands(interpreter: str, prefix: Path, packages: list[str], *pip_options: str) -> list[list[str]]:
+def _venv_commands(interpreter: str, prefix: Path, packages: list[str], *pip_options: str,
+                   system_site: bool = False) -> list[list[str]]:
     """The commands that make a virtual environment of `interpreter` at `prefix` holding `packages`, installed by
-    this interpreter's pip (exact pins, so no dependency resolution)."""
-    return [[interpreter, "-m", "venv", "--without-pip", str(prefix)],
+    this interpreter's pip (exact pins, so no dependency resolution); `system_site`: it imports the interpreter's
+    own site-packages too, after its own."""
+    return [[interpreter, "-m", "venv", "--without-pip", *(["--system-site-packages"] if system_site else []),
+             str(prefix)],
             [sys.executable, "-m", "pip", "--python", str(prefix / "bin" / "python"), "install", "--quiet",
              "--no-deps", "--disable-pip-version-check", *pip_options, *packages]]
 
 
 def _venv_env(spec: EnvSpec, python: str, prefix: Path) -> None:
-    for command in _venv_commands(local_python(python), prefix, list(spec.packages), "--no-compile"):
+    packages = list(spec.installed("venv-pack", python))
+    for command in _venv_commands(local_python(python), prefix, packages, "--no-compile", system_site=True):
         _run(command)
     _finish_env(spec, python, prefix)
 
@@ -286,6 +304,17 @@ def stock_site(interpreter: Path, prefix: Path) -> Path:
     return prefix / "bin"
 
 
+def stock_site_packages(python: str) -> Path:
+    """The site-packages of the stand-in for the container's Python `python` (its numpy; made where missing)."""
+    from tritonpack.containers import local_stock_site
+    from tritonpack.server import local_cache
+
+    if python == PYTHON_VERSION:
+        return local_stock_site(local_cache())
+    bin_dir = stock_site(Path(local_python(python)), local_cache() / f"container-site-py{python}")
+    return bin_dir.parent / "lib" / f"python{python}" / "site-packages"
+
+
 def _conda_env(spec: EnvSpec, python: str, prefix: Path) -> None:  # pragma: no cover - no conda on CI
     if shutil.which("conda") is None:
         raise EnvError("--method conda-pack needs conda on PATH; pack with --method venv-pack instead")
@@ -300,11 +329,14 @@ def _finish_env(spec: EnvSpec, python: str, prefix: Path) -> None:
     """Delete what no served model imports, install the library sharing, compile the Python to bytecode, drop the
     files both removed from each wheel's RECORD, then import what the env provides with the env's own Python (`-B`:
     the import check writes nothing into the env; the sharing hook runs and, outside Triton, does nothing)."""
+    from tritonpack.containers import container_site_environment
+
     strip_env(prefix, spec.extra_strip(python))
     install_library_sharing(prefix, python)
     compile_bytecode(prefix, python)
     _prune_records(prefix)
-    _run([str(prefix / "bin" / "python"), "-B", "-c", "; ".join(f"import {m}" for m in spec.import_check())])
+    _run([str(prefix / "bin" / "python"), "-B", "-c", "; ".join(f"import {m}" for m in spec.import_check())],
+         env={**os.environ, **container_site_environment(stock_site_packages(python), os.environ.get("PYTHONPATH"))})
 
 
 def site_packages(prefix: Path, python: str) -> Path:

@@ -2,7 +2,7 @@
 
 Triton's python backend unpacks each model's environment archive on its own, into a numbered folder of one
 temporary folder per server (`/tmp/python_env_XXXXXX/<n>`). Two tarballs with the same environment on one MME
-therefore map two copies of every library (OpenVINO's, numpy's, tokenizers'), and the kernel keeps the pages of
+therefore map two copies of every library (OpenVINO's, tokenizers'), and the kernel keeps the pages of
 each copy apart: 56 MB per additional loaded bert (docs/performance.md, thirteenth round). The packing writes an
 index of the environment's shared objects with their SHA-256 (`INDEX`) and a `.pth` line that runs
 `share_this_environment` at every interpreter start, before the stub imports numpy. In an unpacked environment
