@@ -328,15 +328,19 @@ def _conda_env(spec: EnvSpec, python: str, prefix: Path) -> None:  # pragma: no 
 def _finish_env(spec: EnvSpec, python: str, prefix: Path) -> None:
     """Delete what no served model imports, install the library sharing, compile the Python to bytecode, drop the
     files both removed from each wheel's RECORD, then import what the env provides with the env's own Python (`-B`:
-    the import check writes nothing into the env; the sharing hook runs and, outside Triton, does nothing)."""
+    the import check writes nothing into the env; the sharing hook runs and, outside Triton, does nothing), numpy
+    from the stand-in for the container's site-packages where the env leaves it to the container."""
     from tritonpack.containers import container_site_environment
 
     strip_env(prefix, spec.extra_strip(python))
     install_library_sharing(prefix, python)
     compile_bytecode(prefix, python)
     _prune_records(prefix)
+    environment = dict(os.environ)
+    if not (site_packages(prefix, python) / "numpy").is_dir():
+        environment |= container_site_environment(stock_site_packages(python), environment.get("PYTHONPATH"))
     _run([str(prefix / "bin" / "python"), "-B", "-c", "; ".join(f"import {m}" for m in spec.import_check())],
-         env={**os.environ, **container_site_environment(stock_site_packages(python), os.environ.get("PYTHONPATH"))})
+         env=environment)
 
 
 def site_packages(prefix: Path, python: str) -> Path:
