@@ -247,7 +247,7 @@ class TritonServer:
         return self
 
     def _launch(self) -> None:
-        from tritonpack.containers import container_site_environment, local_stock_site
+        from tritonpack.containers import container_site_environment, local_stock_site, takes_container_numpy
 
         _become_subreaper()
         env = dict(os.environ)
@@ -255,11 +255,12 @@ class TritonServer:
         if self.container_python is not None:  # the stub runs the packed environments' Python, else the stock one
             env["LD_LIBRARY_PATH"] += f"{os.pathsep}{self.container_python.library_dir}"
             env["PATH"] = f"{self.container_python.stock_bin(local_cache())}{os.pathsep}{env.get('PATH', '')}"
-            site = self.container_python.stock_site_packages(local_cache())
+            env.update(container_site_environment(self.container_python.stock_site_packages(local_cache()),
+                                                  env.get("PYTHONPATH")))
         else:  # the stub runs in this interpreter's environment: make its site-packages and bin visible
             env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-            site = local_stock_site(local_cache())
-        env.update(container_site_environment(site, env.get("PYTHONPATH")))
+            if takes_container_numpy(PYTHON_VERSION):  # environments packed for this Python leave numpy out
+                env.update(container_site_environment(local_stock_site(local_cache()), env.get("PYTHONPATH")))
         env.update(self.env)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
