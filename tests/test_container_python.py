@@ -172,7 +172,9 @@ def test_container_site_comes_after_an_environments_own_packages_only_where_it_i
 def test_local_stock_site_links_this_interpreters_numpy(tmp_path):
     import numpy
 
-    site = containers.local_stock_site(tmp_path)
+    from tritonpack.envpack import local_stock_site
+
+    site = local_stock_site(tmp_path)
     assert site == tmp_path / f"local-site-py{PYTHON_VERSION}"
     assert (site / "numpy").resolve() == Path(numpy.__file__).resolve().parent
-    assert containers.local_stock_site(tmp_path) == site and len(list(site.iterdir())) >= 2  # its metadata too
+    assert local_stock_site(tmp_path) == site and len(list(site.iterdir())) >= 2  # its metadata too

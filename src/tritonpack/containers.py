@@ -162,7 +162,7 @@ def built_for(repository: Path) -> str:
 
 # Where the local Triton's stubs find the container's own site-packages (`container_site/sitecustomize.py`)
 SITE_HOOK = Path(__file__).resolve().parent / "container_site"
-CONTAINER_SITE = "TRITONPACK_CONTAINER_SITE"
+CONTAINER_SITE = "TRITONPACK_CONTAINER_SITE"  # the hook's own name for it (the hook imports nothing of tritonpack)
 
 
 def container_site_environment(site_packages: Path, pythonpath: str | None) -> dict[str, str]:
@@ -171,26 +171,6 @@ def container_site_environment(site_packages: Path, pythonpath: str | None) -> d
     (`pythonpath`: the variable as it was)."""
     return {"PYTHONPATH": os.pathsep.join(filter(None, [str(SITE_HOOK), pythonpath])),
             CONTAINER_SITE: str(site_packages)}
-
-
-def local_stock_site(cache: Path) -> Path:
-    """The stand-in for the container's site-packages when the stub is this interpreter's: a folder in `cache`
-    linking to this interpreter's numpy (the pin every environment shares, `envpack.stock_numpy`)."""
-    import numpy
-
-    from tritonpack.server import PYTHON_VERSION
-
-    prefix = cache / f"local-site-py{PYTHON_VERSION}"
-    installed = Path(numpy.__file__).resolve().parent.parent
-    prefix.mkdir(parents=True, exist_ok=True)
-    for item in installed.glob("numpy*"):  # the package, its bundled libraries and its metadata
-        link = prefix / item.name
-        if not link.is_symlink() or os.readlink(link) != str(item):
-            made = prefix / f".{item.name}.{os.getpid()}"
-            made.unlink(missing_ok=True)
-            made.symlink_to(item)
-            made.replace(link)  # atomic: a server starting meanwhile sees the old link or the new one
-    return prefix
 
 
 AUTO = "auto"  # the container's Python wanted: the default container's where this machine can run its stub
@@ -269,7 +249,9 @@ class ContainerPython:
 
     def stock_site_packages(self, cache: Path) -> Path:
         """The site-packages of that stand-in, where its numpy is."""
-        return self.stock_bin(cache).parent / "lib" / f"python{self.version}" / "site-packages"
+        from tritonpack.envpack import site_packages
+
+        return site_packages(self.stock_bin(cache).parent, self.version)
 
     def launcher(self, cache: Path) -> list[str]:
         """The command that runs a command (appended) with the interpreter where packed environments look for it."""

@@ -184,14 +184,15 @@ def pack_env(names: str | tuple[str, ...], out_dir: Path, python: str | None = N
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{spec.name}-py{python}.tar.gz"
+    installed = spec.installed(method, python)
     with tempfile.TemporaryDirectory(prefix=f"env-{spec.name}-", dir=out_dir) as tmp:
         prefix = Path(tmp) / "env"
         (_conda_env if method == "conda-pack" else _venv_env)(spec, python, prefix)
         stats = pack_prefix(prefix, target, python, method)
     target.with_suffix("").with_suffix(".json").write_text(json.dumps(
-        {"env": spec.name, "python": python, "packages": list(spec.installed(method, python)), "packed_with": method,
-         **stats}, indent=2) + "\n")
-    return PackedEnv(spec.name, python, target, spec.installed(method, python), method)
+        {"env": spec.name, "python": python, "packages": list(installed), "packed_with": method, **stats},
+        indent=2) + "\n")
+    return PackedEnv(spec.name, python, target, installed, method)
 
 
 @producer("packed-env", libraries=("venv-pack", "conda-pack"),
@@ -304,15 +305,32 @@ def stock_site(interpreter: Path, prefix: Path) -> Path:
     return prefix / "bin"
 
 
+def local_stock_site(cache: Path) -> Path:
+    """The stand-in for the container's site-packages when the stub is this interpreter's: a folder in `cache`
+    linking to this interpreter's numpy (the pin every environment shares, `stock_numpy`)."""
+    import numpy
+
+    prefix = cache / f"local-site-py{PYTHON_VERSION}"
+    installed = Path(numpy.__file__).resolve().parent.parent
+    prefix.mkdir(parents=True, exist_ok=True)
+    for item in installed.glob("numpy*"):  # the package, its bundled libraries and its metadata
+        link = prefix / item.name
+        if not link.is_symlink() or os.readlink(link) != str(item):
+            made = prefix / f".{item.name}.{os.getpid()}"
+            made.unlink(missing_ok=True)
+            made.symlink_to(item)
+            made.replace(link)  # atomic: a server starting meanwhile sees the old link or the new one
+    return prefix
+
+
 def stock_site_packages(python: str) -> Path:
     """The site-packages of the stand-in for the container's Python `python` (its numpy; made where missing)."""
-    from tritonpack.containers import local_stock_site
     from tritonpack.server import local_cache
 
     if python == PYTHON_VERSION:
         return local_stock_site(local_cache())
-    bin_dir = stock_site(Path(local_python(python)), local_cache() / f"container-site-py{python}")
-    return bin_dir.parent / "lib" / f"python{python}" / "site-packages"
+    return site_packages(stock_site(Path(local_python(python)), local_cache() / f"container-site-py{python}").parent,
+                         python)
 
 
 def _conda_env(spec: EnvSpec, python: str, prefix: Path) -> None:  # pragma: no cover - no conda on CI

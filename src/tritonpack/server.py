@@ -247,7 +247,8 @@ class TritonServer:
         return self
 
     def _launch(self) -> None:
-        from tritonpack.containers import container_site_environment, local_stock_site, takes_container_numpy
+        from tritonpack.containers import container_site_environment, takes_container_numpy
+        from tritonpack.envpack import stock_site_packages
 
         _become_subreaper()
         env = dict(os.environ)
@@ -260,7 +261,7 @@ class TritonServer:
         else:  # the stub runs in this interpreter's environment: make its site-packages and bin visible
             env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
             if takes_container_numpy(PYTHON_VERSION):  # environments packed for this Python leave numpy out
-                env.update(container_site_environment(local_stock_site(local_cache()), env.get("PYTHONPATH")))
+                env.update(container_site_environment(stock_site_packages(PYTHON_VERSION), env.get("PYTHONPATH")))
         env.update(self.env)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from tritonpack.codec import HEADER_SIZE
 from tritonpack.mme.container import TARGET_HEADER, Reply
 from tritonpack.mme.manager import ModelManager
 from tritonpack.mme.request_guard import MAX_PAYLOAD_BYTES, infer_request_problem
@@ -44,19 +45,20 @@ DRAIN_GRACE_S = 1.0
 INVOCATION_S = 60.0  # SageMaker answers an invocation within this, loading the target included
 BODY_READ_S = INVOCATION_S
 IDLE_CONNECTION_S = 75.0  # aiohttp's default keeps a connection that never sends a whole request for an hour
+HEADER_SIZE_FIELD = f"content type's {HEADER_SIZE.rstrip('=')}"  # what a SageMaker client sets the JSON's length in
 LINGER_S = 2.0  # how long an unread request body (past the limit) is read and dropped before the connection closes
 
 
 def request_problem(body: bytes, content_type: str | None) -> str | None:
     """Why an invocation body is not a well-formed KServe v2 request (JSON or binary+json); None if it is."""
-    from tritonpack.codec import HEADER_SIZE, header_size
+    from tritonpack.codec import header_size
     from tritonpack.errors import PayloadError
 
     try:
         size = header_size(content_type)
     except PayloadError as e:
         return str(e)
-    return infer_request_problem(body, None if size is None else str(size), f"content type's {HEADER_SIZE.rstrip('=')}")
+    return infer_request_problem(body, None if size is None else str(size), HEADER_SIZE_FIELD)
 
 
 MODEL_STATUS = web.ResponseKey("model_status", int)  # what the 4XX/5XX metrics count, as CloudWatch's do
