@@ -281,7 +281,8 @@ class ProcessClients:
         results: list = [None] * len(requests)
         for i, share in enumerate(shares):
             results[i::len(used)] = share
-        return Run(len(requests), max(ends) - min(starts), [ms for part in latencies for ms in part]), results
+        return Run(sum(len(r) for r in requests), max(ends) - min(starts),
+                   [ms for part in latencies for ms in part]), results
 
     def close(self) -> None:
         for pipe in self._pipes:

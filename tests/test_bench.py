@@ -406,9 +406,13 @@ def test_gpu_run_clients_in_several_processes_answer_as_one_process_does(served)
     try:
         run, answers = clients.send([[t] for t in texts], concurrency=4)
         single, _ = clients.send([["alone"]], concurrency=1)  # fewer clients than processes
+        pairs, paired = clients.send([texts[i:i + 2] for i in range(0, 10, 2)], concurrency=2)
     finally:
         clients.close()
     expected = Client(server.url, "bert_pt").embed(texts)
     np.testing.assert_allclose(np.concatenate(answers), expected, atol=1e-5)
     assert run.items == 10 and len(run.latencies_ms) == 10 and run.seconds > 0
     assert single.items == 1 and len(single.latencies_ms) == 1
+    # items are sentences, not requests: 32 per request would otherwise read 32 times slower
+    np.testing.assert_allclose(np.concatenate(paired), expected, atol=1e-5)
+    assert pairs.items == 10 and len(pairs.latencies_ms) == 5
