@@ -28,7 +28,7 @@ DEMO_TEXTS = ["tritonpack turns notebooks into Triton repositories.", "A second,
 
 
 def cmd_build(args) -> int:
-    from tritonpack.builder import BuildRequest, build, default_target
+    from tritonpack.builder import BuildRequest, build, default_target, portable_on_gpu_hint
     from tritonpack.check import check
 
     malformed = [kv for kv in args.serving or () if "=" not in kv]
@@ -40,17 +40,19 @@ def cmd_build(args) -> int:
     serving = tuple(tuple(kv.split("=", 1)) for kv in args.serving or ())
     io_names = IoNames.parse(args.io_names) if args.io_names else None
     plans = tuple(tuple(p.split("=", 1)) if "=" in p else ("", p) for p in args.plan or ())
+    request = BuildRequest(args.name, target, model=args.model, weights=args.weights, fp16=args.fp16,
+                           model_format=args.model_format, env=args.env, container=args.container,
+                           env_python=args.env_python, io_names=io_names, plans=plans, dist=Path(args.dist),
+                           serving=serving)
     try:
-        result = build(BuildRequest(args.name, target, model=args.model, weights=args.weights, fp16=args.fp16,
-                                    model_format=args.model_format, env=args.env, container=args.container,
-                                    env_python=args.env_python,
-                                    io_names=io_names, plans=plans, dist=Path(args.dist), serving=serving))
+        result = build(request)
     except ToolUnavailable:  # the chosen target needs it: say why that target was chosen; other errors stand alone
         if chosen:
             print(chosen, file=sys.stderr)
         raise
-    if chosen:
-        print(chosen, file=sys.stderr)
+    for line in (chosen, portable_on_gpu_hint(request)):
+        if line:
+            print(line, file=sys.stderr)
     (Path(args.dist) / f".{args.name}.target").write_text(target + "\n")  # what `make serve/check/mme` use
     print(f"repository: {result.repository}\ntarball:    {result.tarball}", flush=True)
     report = check(result.tarball, deep=True)
