@@ -127,6 +127,9 @@ class TextRecipe:
     name: str
     encoder: Mapping[str, str]
     serving: Mapping[str, TextServing]
+    # serving overrides (as `--serving` takes them) that served `portable` faster where its encoder computes on a
+    # GPU; the build names them on a machine with one, since a repository cannot know where it will be served
+    portable_on_gpu: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "encoder", MappingProxyType(dict(self.encoder)))
@@ -136,6 +139,8 @@ class TextRecipe:
         unknown = sorted(set(self.encoder.values()) - set(FRAMEWORKS))
         if unknown:
             raise SpecError(f"recipe {self.name}: unknown encoder formats {unknown}")
+        if self.portable_on_gpu:
+            self.serving["portable"].with_overrides(self.portable_on_gpu)  # names and values it can take
 
     @property
     def targets(self) -> tuple[str, ...]:

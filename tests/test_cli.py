@@ -462,7 +462,7 @@ def test_a_portable_build_on_a_gpu_machine_names_the_instances_that_serve_it_fas
                                                                                         hinted, monkeypatch):
     """A portable TorchScript encoder computes on CUDA where the server has a GPU, where two of each step served
     1.43x at c=64 (docs/performance.md, forty-seventh round); on a CPU the same settings lose five-fold."""
-    from tritonpack import builder
+    from tritonpack import builder, ensembles
 
     monkeypatch.setattr(builder, "cuda_available", lambda: cuda)
     hint = builder.portable_on_gpu_hint(builder.BuildRequest(name, target, serving=serving))
@@ -470,7 +470,7 @@ def test_a_portable_build_on_a_gpu_machine_names_the_instances_that_serve_it_fas
         assert hint == (f"note: to serve {name} portable on this machine's GPU, build it with --serving "
                         f"tokenizer_instances=2 --serving encoder_instances=2 (1.43x the defaults at 64 concurrent "
                         f"requests on an H200; README, \"Batching and instances\")")
-        settings = TextServing().with_overrides(builder.PORTABLE_ON_GPU_SERVING)
+        settings = TextServing().with_overrides(ensembles.recipe(name).portable_on_gpu)
         assert (settings.tokenizer_instances, settings.encoder_instances) == (2, 2)
     else:
         assert hint is None

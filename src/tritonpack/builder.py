@@ -92,12 +92,6 @@ class BuildResult:
     tarball: Path
 
 
-# Portable text ensembles whose encoder is TorchScript run it on CUDA where the server has a GPU; their defaults are
-# sized for CPUs (two torch encoders on 2 vCPUs: 0.20x), two of each step served 1.43x at c=64 on an H200
-# (docs/performance.md, forty-seventh round).
-PORTABLE_ON_GPU_SERVING = (("tokenizer_instances", "2"), ("encoder_instances", "2"))
-
-
 def cuda_available() -> bool:
     try:
         import torch
@@ -107,15 +101,14 @@ def cuda_available() -> bool:
 
 
 def portable_on_gpu_hint(request: BuildRequest) -> str | None:
-    """One line for a portable build, on a machine with a CUDA GPU, of an ensemble whose encoder would compute there,
-    unless the build already sets the step instances."""
+    """One line for a portable build on a machine with a CUDA GPU, naming the serving settings its recipe measured
+    faster there (`TextRecipe.portable_on_gpu`), unless the build already sets them."""
     recipe = ensembles.recipe(request.name)
-    if (request.target != "portable" or not isinstance(recipe, ensembles.TextRecipe)
-            or recipe.encoder["portable"] != "torchscript"
-            or {key for key, _ in request.serving} & {key for key, _ in PORTABLE_ON_GPU_SERVING}
+    overrides = recipe.portable_on_gpu if isinstance(recipe, ensembles.TextRecipe) else ()
+    if (request.target != "portable" or not overrides or dict(request.serving).keys() & dict(overrides)
             or not cuda_available()):
         return None
-    settings = " ".join(f"--serving {key}={value}" for key, value in PORTABLE_ON_GPU_SERVING)
+    settings = " ".join(f"--serving {key}={value}" for key, value in overrides)
     return (f"note: to serve {request.name} portable on this machine's GPU, build it with {settings} (1.43x the "
             f"defaults at 64 concurrent requests on an H200; README, \"Batching and instances\")")
 
