@@ -23,6 +23,7 @@ import numpy as np
 
 from tritonpack.cache import producer
 from tritonpack.errors import SpecError
+from tritonpack.quiet_tensorflow import import_tensorflow
 
 SEED = 0
 CLASSES = 1001
@@ -34,7 +35,7 @@ MAX_REL_DIFF = 1e-4  # ONNX against TensorFlow, relative to the largest probabil
 
 def keras_graphdef():
     """A frozen Keras InceptionV3 GraphDef whose input/output nodes carry the TF-slim names."""
-    import tensorflow as tf
+    tf = import_tensorflow()
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
     tf.keras.utils.set_random_seed(SEED)
@@ -61,7 +62,7 @@ def _rename_output(graph_def, current: str):
 
 
 def load_graphdef(path: Path):
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     graph_def = tf.compat.v1.GraphDef()
     graph_def.ParseFromString(Path(path).read_bytes())
@@ -93,7 +94,7 @@ def not_inception(path: str, why: str) -> SpecError:
 
 
 def run_graphdef(graph_def, images: np.ndarray) -> np.ndarray:
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     def imported():
         tf.compat.v1.import_graph_def(graph_def, name="")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -130,10 +129,7 @@ def export(out_dir: Path, weights: str | None = None, opset: int = 17,
 
     name_in, name_out = ONNX_NAMES
     diffs, paths = {}, {}
-    with warnings.catch_warnings():
-        # transformers' ResNet checks `num_channels != self.num_channels` on a tensor shape: constant for a
-        # fixed architecture, which the batch-3 comparisons below confirm, so the tracer's warning is moot.
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+    with torchscript.quiet_tracing():  # the batch-3 comparisons below decide
         if "torchscript" in formats:
             paths["torchscript"] = out_dir / "model.pt"
             with torch.no_grad():

@@ -21,7 +21,6 @@ import argparse
 import functools
 import json
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -201,9 +200,7 @@ def encoder_onnx(out_dir: Path, source: SentenceTransformerSource) -> None:
     names = source.input_names
     inputs = check_inputs(source)
     axes = {n: {0: "batch", 1: "sequence"} for n in [*names, "token_embeddings"]}
-    # Tracing warns about Python-level shape logic in transformers; the numeric check below decides instead.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with torchscript.quiet_tracing():
         torch.onnx.export(_load(source.path), tuple(torch.from_numpy(inputs[n]) for n in names),
                           str(out_dir / "model.onnx"), input_names=names, output_names=["token_embeddings"],
                           dynamic_axes=axes, opset_version=OPSET, dynamo=False)
@@ -268,8 +265,7 @@ def encoder_torchscript(out_dir: Path, source: SentenceTransformerSource, pooled
     module = _load_device_portable(source.path)
     if pooled:
         module = _pooling(module, source.normalize)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with torch.no_grad(), torchscript.quiet_tracing():
         traced = torch.jit.trace(module, tensors, strict=False)
     if devices := torchscript.fixed_devices(traced):
         raise RuntimeError(f"TorchScript export of {source.path}: its graph fixes the device {', '.join(devices)}, "
@@ -333,8 +329,7 @@ def encoder_packed(out_dir: Path, source: SentenceTransformerSource, pooled: boo
     output = contracts.TEXT.output if pooled else "token_embeddings"
     axes = {n: {1: "tokens"} for n in names} | ({output: {1: "tokens"}} if not pooled else
                                                {} if slots else {output: {0: "sentences"}})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with torchscript.quiet_tracing():
         torch.onnx.export(_load_packed(source.path, pooled, source.normalize, slots),
                           tuple(torch.from_numpy(packed[n]) for n in names), str(out_dir / "model.onnx"),
                           input_names=names, output_names=[output], dynamic_axes=axes, opset_version=OPSET,

@@ -1,13 +1,18 @@
-"""TorchScript files whose bytes depend on the model alone (`save`), for the exports that write `model.pt`, and
-the devices a module's graph fixes (`fixed_devices`), which the export and `check --deep` refuse."""
+"""TorchScript files whose bytes depend on the model alone (`save`), for the exports that write `model.pt`, the
+devices a module's graph fixes (`fixed_devices`), which the export and `check --deep` refuse, and a quiet trace
+(`quiet_tracing`)."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import struct
+import warnings
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 DEBUG_SUFFIX = ".debug_pkl"
@@ -42,6 +47,22 @@ def save(module, path: Path) -> Path:
     finally:
         rewritten.unlink(missing_ok=True)
     return path
+
+
+@contextmanager
+def quiet_tracing() -> Iterator[None]:
+    """No warnings and no transformers notices while a model is traced or exported: the tracer reads every attribute
+    of the module, which sets off transformers' deprecation warnings and its loss-type notice, and it warns about
+    Python-level shape logic. None of it is about the user's model; each export's numeric check after it decides."""
+    transformers_log = logging.getLogger("transformers")
+    level = transformers_log.level
+    transformers_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        transformers_log.setLevel(level)
 
 
 def fixed_devices(module) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -182,6 +183,46 @@ def test_resnet_export_uses_transformers_folder_when_weights_is_a_folder(tmp_pat
                                               layer_type="basic")).save_pretrained(tmp_path / "ten")
     with pytest.raises(SpecError, match="10 classes, expected 1000"):
         export_resnet50.load_module(str(tmp_path / "ten"))
+
+
+def test_resnet_exports_print_only_their_result_line(tmp_path):
+    """Tracing read every attribute of the transformers ResNet: `make ensemble NAME=resnet_pt` printed a FutureWarning
+    about `is_gradient_checkpointing` and a `loss_type` notice around its one line (once per process: a fresh one)."""
+    import torch
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch.manual_seed(1)
+    ResNetForImageClassification(ResNetConfig(num_labels=1000, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                                              layer_type="basic")).save_pretrained(tmp_path / "resnet")
+    export = "import sys; from pathlib import Path; from tritonpack.build import export_resnet50; " \
+             "export_resnet50.export(Path(sys.argv[1]), sys.argv[2])"
+    done = subprocess.run([sys.executable, "-c", export, str(tmp_path / "out"),
+                           str(tmp_path / "resnet")], check=True, capture_output=True, text=True)
+    lines = (done.stdout + done.stderr).splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"exported ResNet-50 (transformers folder {tmp_path / 'resnet'}): "
+                                                    "max rel diff {'torchscript': "), lines
+
+
+def test_tensorflow_imports_without_its_startup_notices_and_keeps_what_else_it_writes(tmp_path):
+    """TensorFlow 2.21 wrote "WARNING: All log messages before absl::InitializeLog() is called…" and "oneDNN custom
+    operations are on…" to stderr twice per import, whatever TF_CPP_MIN_LOG_LEVEL said: `make ensemble
+    NAME=dali_inception` and `tritonpack check --deep` printed them among their lines."""
+    importing = "from tritonpack.quiet_tensorflow import import_tensorflow; import_tensorflow().constant(1)"
+    real = subprocess.run([sys.executable, "-c", importing], check=True, capture_output=True, text=True)
+    assert (real.stdout, real.stderr) == ("", "")
+
+    fake = tmp_path / "tensorflow"  # the same notices, and a line that is not one of them, written to fd 2
+    fake.mkdir()
+    (fake / "__init__.py").write_text(textwrap.dedent("""
+        import os
+        os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\\n")
+        os.write(2, b"I0000 00:00:1795900354.989666   17549 port.cc:153] oneDNN custom operations are on.\\n")
+        os.write(2, b"E0000 00:00:1795900354.989666   17549 a failure the user must see\\n")
+        constant = int
+    """))
+    stand_in = subprocess.run([sys.executable, "-c", importing], check=True, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert stand_in.stderr == "E0000 00:00:1795900354.989666   17549 a failure the user must see\n"
 
 
 def test_resnet_torchscript_has_the_same_bytes_and_no_debug_records_whoever_calls_the_export(tmp_path):

@@ -94,6 +94,28 @@ def test_torchscript_export_has_the_same_bytes_and_no_debug_records_whoever_call
         assert not [name for name in saved.namelist() if name.endswith(".debug_pkl")]
 
 
+def test_torchscript_and_onnx_exports_print_only_their_result_lines(tiny_model, tmp_path):
+    """Tracing read every attribute of the transformers model: `make ensemble NAME=bert_pt` printed a FutureWarning
+    about `is_gradient_checkpointing` and "[transformers] `loss_type=None` was set in the config…" around its one
+    line. Fresh processes: both are printed once per process."""
+    export = textwrap.dedent("""
+        import sys
+        from pathlib import Path
+        from tritonpack.build import export_text_encoder
+        from tritonpack.build.text_source import SentenceTransformerSource
+
+        out, source = Path(sys.argv[1]), SentenceTransformerSource.resolve(sys.argv[2])
+        out.mkdir()
+        getattr(export_text_encoder, sys.argv[3])(out, source=source)
+    """)
+    for producer in ("encoder_torchscript", "encoder_onnx"):
+        done = subprocess.run([sys.executable, "-c", export, str(tmp_path / producer),
+                               str(tiny_model), producer], check=True, capture_output=True, text=True)
+        kind = {"encoder_torchscript": "TorchScript", "encoder_onnx": "ONNX"}[producer]
+        assert (done.stdout + done.stderr).splitlines() == [f"{kind} export of {tiny_model.name}: max abs diff "
+                                                            f"{done.stdout.split()[-1]}"]
+
+
 def test_torchscript_export_fixes_no_device_when_traced_on_the_cpu(tiny_model, tmp_path):
     """transformers' attention mask, traced as it is, moves a constant to the tracing device (the CPU here): the GPU
     run served bert_pt's model.pt on CUDA and every request failed ("found at least two devices, cuda:0 and cpu")."""

@@ -8,8 +8,6 @@ check when the first request is fed to the placeholders; the trial run does that
 
 from __future__ import annotations
 
-import os
-
 from tritonpack.check.deep.model import (
     DeepModel,
     Findings,
@@ -18,6 +16,7 @@ from tritonpack.check.deep.model import (
     error_text,
     triton_type,
 )
+from tritonpack.quiet_tensorflow import import_tensorflow
 
 
 def _numpy_name(tf, dtype) -> str:
@@ -26,8 +25,7 @@ def _numpy_name(tf, dtype) -> str:
 
 
 def check_graphdef(model: DeepModel, out: Findings) -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up notices are not findings
-    import tensorflow as tf
+    tf = import_tensorflow()  # its start-up notices are not findings
 
     graph_def = tf.compat.v1.GraphDef()
     try:
