@@ -59,6 +59,7 @@ STUB_NUMPY_UNUSED = re.compile(r"/tests/|/include/|\.(pyi|pxd|a|h)$|^numpy/(f2py
 TIMED_SENTENCES = 2048
 HELD_OUT = 64
 SINGLE_CLIENT_SENTENCES = 512  # c=1 runs a request at a time: a quarter of the corpus keeps the call short
+IDLE_WAIT_S = 3.0  # past resident_memory.IDLE_S (2 s): the stubs have handed back their cached device memory
 
 
 # ---- here ---------------------------------------------------------------------------------------------------------
@@ -485,6 +486,8 @@ def served(repository: Path, reference: dict, concurrencies: tuple[int, ...], re
             print(f"  {label} c={c}: {result['by_concurrency'][c]}", flush=True)
         result["requests_of_32"] = {1: timed([texts[i:i + 32] for i in range(0, len(texts), 32)], 1)}
         result["gpu_memory_mb"] = gpu_memory_mb()
+        time.sleep(IDLE_WAIT_S)
+        result["gpu_memory_idle_mb"] = gpu_memory_mb()
     finally:
         if clients is not None:
             clients.close()
@@ -581,7 +584,7 @@ def summary(report: dict) -> str:
             lines.append(f"{label}: {s}")
             continue
         lines.append(f"{label}: ready {s['ready_s']:.1f} s, min cosine {s['min_cosine']:.6f}, "
-                     f"GPU MiB by pid {s['gpu_memory_mb']}")
+                     f"GPU MiB by pid {s['gpu_memory_mb']}, idle {s.get('gpu_memory_idle_mb')}")
         for c, r in s["by_concurrency"].items():
             versus = f" ({r['throughput_median'] / fp32:.2f}x fp32 in-process)" if fp32 else ""
             lines.append(f"  c={c}: {r['throughput_median']:.0f}/s{versus} p50 {r['latency_p50_ms']:.1f} ms "

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -333,6 +334,25 @@ def test_torchscript_encoder_refuses_ids_outside_its_tables_and_answers_its_neig
     assert [r.has_error() for r in responses] == [False, True, False]
     assert responses[1].error().code() == TritonError.INVALID_ARG and reason in responses[1].error().message()
     np.testing.assert_allclose(responses[2].output_tensors()[0].as_numpy(), alone, atol=1e-5)
+
+
+def test_runner_hands_back_its_sessions_cached_device_memory_once_idle_and_not_between_calls(model_folders,
+                                                                                             python_model):
+    """On a GPU the TorchScript session names `torch.cuda.empty_cache` as what it caches for the next call; the runner
+    calls it with the idle heap return, so an idle model on an MME leaves its GPU's memory to the others. No GPU
+    here: the CPU session names nothing, and a counting stand-in takes the CUDA session's place."""
+    encoder = python_model(model_folders("bert_pt", "portable")["bert_pt_encoder"])
+    from resident_memory import IDLE_S  # models/shared, on the path while the model is loaded
+    assert not hasattr(encoder.session, "release_cached_memory")  # a CPU session caches nothing on a device
+    released = []
+    encoder.session.release_cached_memory = lambda: released.append(time.monotonic())
+    for _ in range(int(IDLE_S / 0.2) + 2):  # calls keep coming for longer than IDLE_S
+        encoder.execute([_token_request([[101, 7592, 2088, 102]])])
+        time.sleep(0.2)
+    last_ended = time.monotonic()
+    assert released == []
+    time.sleep(IDLE_S + 1.0)
+    assert len(released) == 1 and released[0] - last_ended >= IDLE_S - 0.2, (released, last_ended)
 
 
 def test_pooling_model_refuses_a_mask_that_does_not_fit_its_embeddings_alone_or_batched(model_folders, python_model):

@@ -76,7 +76,7 @@ class FrameworkRunnerModel:
     idle_heap = nullcontext()  # initialize starts a HeapReturnedWhenIdle; a runner set up in-process without it none
 
     def initialize(self, args):
-        self.idle_heap = HeapReturnedWhenIdle()
+        self.idle_heap = HeapReturnedWhenIdle(also_release=self._release_cached_device_memory)
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         folder = os.path.join(args["model_repository"], args["model_version"])
@@ -118,6 +118,10 @@ class FrameworkRunnerModel:
             self.warming.start()
         else:
             drop_load_only_file_pages()
+
+    def _release_cached_device_memory(self):
+        if release := getattr(getattr(self, "session", None), "release_cached_memory", None):
+            release()
 
     def _check_reference(self, path: str, params: dict[str, str], reference_path: str):
         """Embed the build's reference texts and compare with the embeddings the build computed with PyTorch. The CPU

@@ -1,15 +1,19 @@
 """Memory a loaded python model holds for nothing once it has loaded, handed back to the kernel.
 
 - `return_freed_heap`: heap memory freed while loading (glibc keeps it in the arena of the thread that freed it).
-- `HeapReturnedWhenIdle`: heap memory that serving freed, handed back once the model has been idle for a while.
+- `HeapReturnedWhenIdle`: heap memory that serving freed (and a GPU's cached blocks), handed back once the model has
+  been idle for a while.
 - `drop_load_only_file_pages`: pages of library code and read-only data that loading touched (imports, OpenVINO's
   graph passes and compiler) and serving never reads again. They stay in the page cache; the process maps them again
   the moment it reads them, so what serving uses comes back at its first requests and the rest stays out
   (docs/performance.md, twenty-fourth round).
 """
 
+from __future__ import annotations
+
 import ctypes
 import threading
+from collections.abc import Callable
 from typing import NamedTuple
 
 MADV_DONTNEED = 4
@@ -37,10 +41,13 @@ class HeapReturnedWhenIdle:
     size seen: a TorchScript ResNet-50 fed batches of 1 to 8 held 737 MB of anonymous memory where 304 MB were in
     use. Returned under load it would cost every call its pages faulted in again (+12-16 % there); returned when
     idle it costs the first call after a quiet spell that (+17 % on one batch of 4) and an idle model holds only what
-    it uses (docs/performance.md, twenty-eighth round)."""
+    it uses (docs/performance.md, twenty-eighth round). `also_release`, called right after, hands back what else the
+    model caches for its next call: on a GPU, the device memory torch's allocator keeps (`torch.cuda.empty_cache`),
+    which the other models an MME loads on that GPU can then use."""
 
-    def __init__(self, idle_s: float = IDLE_S):
+    def __init__(self, idle_s: float = IDLE_S, also_release: Callable[[], object] | None = None):
         self._idle_s = idle_s
+        self._also_release = also_release
         self._ended = threading.Event()  # a call ended
         self._lock = threading.Lock()
         self._running = 0
@@ -69,6 +76,8 @@ class HeapReturnedWhenIdle:
                 self._ended.clear()
             if not self._closed and not self._running:  # one still running (longer than idle_s) ends later
                 return_freed_heap()
+                if self._also_release is not None:
+                    self._also_release()
 
 
 def drop_load_only_file_pages() -> int:
