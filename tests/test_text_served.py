@@ -6,6 +6,7 @@ import json
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -141,3 +142,27 @@ def test_served_encoder_released_its_matrix_weights_file_pages_when_every_pack_l
         time.sleep(0.5)
     # The in-process probe (test_openvino) shows these pages leave the process's PSS and stay out.
     assert released and float(released[0]) >= 19, f"MiniLM's matrices are 20.25 MB in fp16; {server.log_path}"
+
+
+def test_bert_serves_the_same_embeddings_when_tritonserver_runs_with_another_malloc_preloaded(build_ensemble,
+                                                                                            reference):
+    """Triton's release notes suggest LD_PRELOAD of jemalloc or tcmalloc against heap growth; the stubs inherit it,
+    and OpenVINO's encoder aborted as its CPU plugin loaded ("free(): invalid pointer": oneTBB's deep-bound hwloc).
+    jemalloc 5.3 and tcmalloc 2.10 from Debian did so here; the test preloads the allocator the OpenVINO wheel ships
+    (oneTBB's tbbmalloc proxy), which aborted the same way and is in every checkout's .venv."""
+    import openvino
+
+    from tritonpack.server import TritonServer
+
+    allocator = Path(openvino.__file__).parent / "libs" / "libtbbmalloc_proxy.so.2"
+    assert allocator.is_file()
+    server = TritonServer(build_ensemble("bert", "portable").repository, env={"LD_PRELOAD": str(allocator)}).start()
+    try:
+        assert server.is_ready(), server.log_path
+        assert_matches(embed(server.url, "bert", SENTENCES), reference)
+        stubs = server.stub_models()
+        assert len(stubs) == 2 and not server.dead_stubs()
+        for pid in stubs:  # the stubs run with the allocator, as the server does
+            assert str(allocator.resolve()) in Path(f"/proc/{pid}/maps").read_text()
+    finally:
+        server.stop()

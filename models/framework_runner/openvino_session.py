@@ -32,6 +32,11 @@ from pathlib import Path
 import numpy as np
 from resident_memory import mapping_kb
 
+# OpenVINO's oneTBB opens its hwloc binding with RTLD_DEEPBIND, so under another malloc preloaded into the process
+# (jemalloc or tcmalloc: Triton's release notes suggest LD_PRELOAD of either against heap growth) hwloc frees with
+# glibc what libc allocated with the preloaded one, and the stub aborts as the CPU plugin loads. This switch only
+# drops the deep binding (oneTBB's `dynamic_link`); it is read when TBB loads that library, after this import.
+os.environ.setdefault("TBB_ENABLE_SANITIZERS", "1")
 OPENVINO_PRECISION = {"fp32": "f32", "bf16": "bf16"}
 MIXED = "mixed"  # bf16 up to the middle layer, f32 after
 BF16_LONG = "bf16-long"  # bf16 for calls of long sentences only, MIXED for the others
