@@ -450,6 +450,18 @@ def test_stream_layout_follows_the_cpus_the_process_may_use_when_not_set(session
     assert sessions["openvino"].stream_layout(cpus, threads, streams) == layout
 
 
+def test_openvino_session_runs_as_many_threads_as_the_cgroup_quota_allows(packed_ir, sessions, monkeypatch):
+    """A container limited to fewer CPUs than its affinity shows (`--cpus`, a Kubernetes CPU limit) ran one thread
+    per CPU of the host, most of them throttled: in-process under a 1-CPU quota on 2 vCPUs, one thread embedded
+    1.19x the sentences of two (docs/performance.md, forty-eighth round)."""
+    session_module = sessions["openvino"]
+    ir = str(packed_ir[1]["fp16"])
+    assert session_module.open_session(ir, {"precision": "fp32"}).threads == len(os.sched_getaffinity(0))
+    monkeypatch.setattr(session_module, "cpu_limit", lambda: 1)
+    limited = session_module.open_session(ir, {"precision": "fp32"})
+    assert (limited.parallel, limited.threads) == (1, 1)
+
+
 def encoder_model(artifact: Artifact, target: str):
     return framework_model("enc", artifact, target, (Tensor("input_ids", "TYPE_INT64", (-1,)),),
                            (Tensor("token_embeddings", "TYPE_FP32", (-1, 4)),),

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+from cpu_quota import cpu_limit
 
 
 def open_session(path: str, params: dict[str, str]):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = int(params.get("threads", "0"))
+    options.intra_op_num_threads = int(params.get("threads", "0")) or cpu_limit() or 0  # 0: the library's default
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]

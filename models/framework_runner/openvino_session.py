@@ -10,14 +10,15 @@ names the precision to reopen at when its embeddings miss the floor (`fallback`)
 which the runner's load-time check (through `reopened`) and the build's check follow.
 
 One compiled model (two chained, for `mixed`; a third, for `bf16-long` and a packing runner's bf16) serves the whole
-process, with every CPU this process may run on (`os.sched_getaffinity`; `threads` > 0 takes fewer): one OpenVINO stream
-(and infer request) per CPUS_PER_STREAM CPUs, at most MAX_STREAMS, the threads shared out among them. `map` runs several
-inputs at once, one per idle request, so a runner that hands it a batch as several packs keeps every stream busy from
-one process. The weights are held once, where one process per core held them once per process (docs/performance.md: on 2
-CPUs one stream of 2 threads used 6 % less CPU per sentence than two single-threaded processes, and 13 % less than two
-streams, at less than half the memory), and in 16 bits where the file stores them so (`keep_weights_16bit`). The process
-maps an IR's weights file itself (`WeightsFile`), so that once every input shape has run (`warmed`) it can hand back the
-pages of the matrix weights, which the plugin then holds in layouts of its own.
+process, with every CPU this process may run on (`os.sched_getaffinity`, fewer where its cgroup's CPU quota is
+smaller: `cpu_quota`; `threads` > 0 takes fewer): one OpenVINO stream (and infer request) per CPUS_PER_STREAM CPUs, at
+most MAX_STREAMS, the threads shared out among them. `map` runs several inputs at once, one per idle request, so a
+runner that hands it a batch as several packs keeps every stream busy from one process. The weights are held once,
+where one process per core held them once per process (docs/performance.md: on 2 CPUs one stream of 2 threads used
+6 % less CPU per sentence than two single-threaded processes, and 13 % less than two streams, at less than half the
+memory), and in 16 bits where the file stores them so (`keep_weights_16bit`). The process maps an IR's weights file
+itself (`WeightsFile`), so that once every input shape has run (`warmed`) it can hand back the pages of the matrix
+weights, which the plugin then holds in layouts of its own.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from cpu_quota import cpu_limit
 from resident_memory import mapping_kb
 
 # OpenVINO's oneTBB opens its hwloc binding with RTLD_DEEPBIND, so under another malloc preloaded into the process
@@ -256,7 +258,7 @@ class OpenVinoSession:
     def __init__(self, path: str, params: dict[str, str]):
         import openvino as ov
 
-        streams, threads = stream_layout(len(os.sched_getaffinity(0)), int(params.get("threads", "0")),
+        streams, threads = stream_layout(cpu_limit() or len(os.sched_getaffinity(0)), int(params.get("threads", "0")),
                                          int(params.get("streams", "0")))
         config = {
             "PERFORMANCE_HINT": "LATENCY",
@@ -290,7 +292,7 @@ class OpenVinoSession:
                     for model, hint in stages]
         self._stage_computes = [c.get_property("INFERENCE_PRECISION_HINT").get_type_name() for c in compiled]
         self._serve(precision)
-        self.parallel = streams
+        self.parallel, self.threads = streams, threads
         self._idle = queue.SimpleQueue()
         for _ in range(streams):
             self._idle.put([c.create_infer_request() for c in compiled])

@@ -7,12 +7,13 @@ Config tensor names are graph node names (`input`, `InceptionV3/Predictions/Soft
 from __future__ import annotations
 
 import numpy as np
+from cpu_quota import cpu_limit
 
 
 def open_session(path: str, params: dict[str, str]):
     import tensorflow as tf
 
-    threads = int(params.get("threads", "0"))
+    threads = int(params.get("threads", "0")) or cpu_limit()
     if threads:
         try:
             tf.config.threading.set_intra_op_parallelism_threads(threads)

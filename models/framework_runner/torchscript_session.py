@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+from cpu_quota import cpu_limit
 
 
 def open_session(path: str, params: dict[str, str]):
     import torch
 
     threads = int(params.get("threads", "0"))
+    if not threads and (limit := cpu_limit()):
+        threads = min(limit, torch.get_num_threads())
     if threads:
         torch.set_num_threads(threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
