@@ -157,27 +157,36 @@ def test_resnet_trt_build_stops_with_one_line_when_target_is_gpu_without_tensorr
     assert "Traceback" not in result.stderr
 
 
-def test_resnet_export_uses_transformers_folder_when_weights_is_a_folder(tmp_path):
+@pytest.fixture(scope="module")
+def tiny_resnet(tmp_path_factory):
+    """A small random ResNet with the contract's 1000 classes, saved as a user's transformers folder would be."""
+    import torch
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    folder = tmp_path_factory.mktemp("tiny-resnet") / "resnet"
+    torch.manual_seed(1)
+    ResNetForImageClassification(ResNetConfig(num_labels=1000, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                                              layer_type="basic")).save_pretrained(folder)
+    return folder
+
+
+def test_resnet_export_uses_transformers_folder_when_weights_is_a_folder(tiny_resnet, tmp_path):
     import onnxruntime as ort
     import torch
     from transformers import ResNetConfig, ResNetForImageClassification
 
     from tritonpack.build import export_resnet50
 
-    torch.manual_seed(1)  # a small ResNet with the contract's 1000 classes, saved as a user's folder would be
-    saved = ResNetForImageClassification(ResNetConfig(num_labels=1000, embedding_size=8, hidden_sizes=[8, 16],
-                                                      depths=[1, 1], layer_type="basic")).eval()
-    saved.save_pretrained(tmp_path / "resnet")
-    BuildRequest("resnet_pt", "portable", weights=str(tmp_path / "resnet"))  # a folder is accepted, not only a file
-    export_resnet50.export(tmp_path / "out", str(tmp_path / "resnet"), formats=("onnx",))
+    saved = ResNetForImageClassification.from_pretrained(tiny_resnet).eval()
+    BuildRequest("resnet_pt", "portable", weights=str(tiny_resnet))  # a folder is accepted, not only a file
+    export_resnet50.export(tmp_path / "out", str(tiny_resnet), formats=("onnx",))
     pixels = export_resnet50.check_batch(2)
     with torch.inference_mode():
         expected = saved(pixel_values=torch.from_numpy(pixels)).logits.numpy()
     session = ort.InferenceSession(str(tmp_path / "out" / "model.onnx"), providers=["CPUExecutionProvider"])
     actual = session.run(None, {export_resnet50.ONNX_NAMES[0]: pixels})[0]
     assert export_resnet50.max_rel_diff(expected, actual) <= export_resnet50.MAX_REL_DIFF
-    assert json.loads((tmp_path / "out" / "export.json").read_text())["weights"] == \
-        f"transformers folder {tmp_path / 'resnet'}"
+    assert json.loads((tmp_path / "out" / "export.json").read_text())["weights"] == f"transformers folder {tiny_resnet}"
 
     ResNetForImageClassification(ResNetConfig(num_labels=10, embedding_size=8, hidden_sizes=[8], depths=[1],
                                               layer_type="basic")).save_pretrained(tmp_path / "ten")
@@ -185,21 +194,15 @@ def test_resnet_export_uses_transformers_folder_when_weights_is_a_folder(tmp_pat
         export_resnet50.load_module(str(tmp_path / "ten"))
 
 
-def test_resnet_exports_print_only_their_result_line(tmp_path):
+def test_resnet_exports_print_only_their_result_line(tiny_resnet, tmp_path):
     """Tracing read every attribute of the transformers ResNet: `make ensemble NAME=resnet_pt` printed a FutureWarning
     about `is_gradient_checkpointing` and a `loss_type` notice around its one line (once per process: a fresh one)."""
-    import torch
-    from transformers import ResNetConfig, ResNetForImageClassification
-
-    torch.manual_seed(1)
-    ResNetForImageClassification(ResNetConfig(num_labels=1000, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
-                                              layer_type="basic")).save_pretrained(tmp_path / "resnet")
     export = "import sys; from pathlib import Path; from tritonpack.build import export_resnet50; " \
              "export_resnet50.export(Path(sys.argv[1]), sys.argv[2])"
-    done = subprocess.run([sys.executable, "-c", export, str(tmp_path / "out"),
-                           str(tmp_path / "resnet")], check=True, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", export, str(tmp_path / "out"), str(tiny_resnet)], check=True,
+                          capture_output=True, text=True)
     lines = (done.stdout + done.stderr).splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"exported ResNet-50 (transformers folder {tmp_path / 'resnet'}): "
+    assert len(lines) == 1 and lines[0].startswith(f"exported ResNet-50 (transformers folder {tiny_resnet}): "
                                                     "max rel diff {'torchscript': "), lines
 
 
@@ -225,21 +228,17 @@ def test_tensorflow_imports_without_its_startup_notices_and_keeps_what_else_it_w
     assert stand_in.stderr == "E0000 00:00:1795900354.989666   17549 a failure the user must see\n"
 
 
-def test_resnet_torchscript_has_the_same_bytes_and_no_debug_records_whoever_calls_the_export(tmp_path):
+def test_resnet_torchscript_has_the_same_bytes_and_no_debug_records_whoever_calls_the_export(tiny_resnet, tmp_path):
     """torch.jit.save wrote `*.debug_pkl` members holding the traced sources' absolute paths and the caller's Python
     stack: an export called one function deeper gave another model.pt."""
     import zipfile
 
     import torch
-    from transformers import ResNetConfig, ResNetForImageClassification
+    from transformers import ResNetForImageClassification
 
     from tritonpack.build import export_resnet50
 
-    torch.manual_seed(1)
-    model = ResNetForImageClassification(ResNetConfig(num_labels=1000, embedding_size=8, hidden_sizes=[8, 16],
-                                                      depths=[1, 1], layer_type="basic")).eval()
-    model.save_pretrained(tmp_path / "resnet")
-
+    model = ResNetForImageClassification.from_pretrained(tiny_resnet).eval()
     export = textwrap.dedent("""
         import sys
         from pathlib import Path
@@ -252,7 +251,7 @@ def test_resnet_torchscript_has_the_same_bytes_and_no_debug_records_whoever_call
         caller(Path(sys.argv[1]), sys.argv[2], formats=("torchscript",))
     """)
     for caller in ("direct", "wrapped"):  # fresh processes, as two builds: one process would mangle the class names
-        subprocess.run([sys.executable, "-c", export, str(tmp_path / caller), str(tmp_path / "resnet"), caller],
+        subprocess.run([sys.executable, "-c", export, str(tmp_path / caller), str(tiny_resnet), caller],
                        check=True, capture_output=True)
     direct, wrapped = tmp_path / "direct" / "model.pt", tmp_path / "wrapped" / "model.pt"
     assert direct.read_bytes() == wrapped.read_bytes()

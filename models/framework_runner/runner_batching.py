@@ -120,7 +120,7 @@ class FrameworkRunnerModel:
             drop_load_only_file_pages()
 
     def _release_cached_device_memory(self):
-        if release := getattr(getattr(self, "session", None), "release_cached_memory", None):
+        if release := getattr(self.session, "release_cached_memory", None):  # a call has ended: there is a session
             release()
 
     def _check_reference(self, path: str, params: dict[str, str], reference_path: str):

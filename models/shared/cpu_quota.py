@@ -43,7 +43,7 @@ def _cpu_cgroup_folders(root: Path, membership: str) -> list[Path]:
             continue
         folder = mount / path.lstrip("/")
         folders.append(folder)
-        while folder != mount and mount in folder.parents:
+        while mount in folder.parents:
             folder = folder.parent
             folders.append(folder)
     return folders
