@@ -21,6 +21,7 @@ from tritonpack.ensembles.text import TextServing
 TEXT_SERVING_FIELDS = list(TextServing.__dataclass_fields__)
 
 SUBCOMMANDS = ["build", "serve", "check", "infer", "mme", "upload", "deploy", "env", "bench"]
+MAKEFILE = Path(__file__).resolve().parent.parent / "Makefile"
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -285,17 +286,36 @@ def test_docker_command_extracts_into_a_fresh_folder_when_an_earlier_build_was_e
                                                              (None, "", "zzz-portable")])
 def test_makefile_serves_the_repository_the_last_build_chose_when_no_target_is_given(tmp_path, recorded, given,
                                                                                      expected):
-    makefile = Path(__file__).resolve().parent.parent / "Makefile"
     for prerequisite in ("requirements.txt", "pyproject.toml"):  # of the .venv stamp, which -n only prints
         (tmp_path / prerequisite).touch()
     if recorded:
         (tmp_path / "dist").mkdir()
         (tmp_path / "dist" / ".zzz.target").write_text(recorded + "\n")
-    result = subprocess.run(["make", "-n", "-f", str(makefile), "serve", "check", "NAME=zzz", f"TARGET={given}"],
+    result = subprocess.run(["make", "-n", "-f", str(MAKEFILE), "serve", "check", "NAME=zzz", f"TARGET={given}"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert f"tritonpack serve dist/{expected}\n" in result.stdout
     assert f"tritonpack check dist/{expected}.tar.gz" in result.stdout
+
+
+@pytest.mark.parametrize("interpreter", ["missing", "another version"])
+def test_make_says_in_one_line_which_python_venv_needs_and_creates_nothing(tmp_path, interpreter):
+    """A fresh machine without Python 3.11 (Ubuntu 24.04 has 3.12): `make ensemble` names the version, why, and the
+    command that fixes it, instead of `python3.11: command not found`, and leaves no half-made .venv behind."""
+    for prerequisite in ("requirements.txt", "pyproject.toml"):
+        (tmp_path / prerequisite).touch()
+    python = tmp_path / "python3.9"
+    if interpreter == "another version":  # answers the version probe as any Python but 3.11 does
+        python.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import sys; sys.exit(1)'\n")
+        python.chmod(0o755)
+    result = subprocess.run(["make", "-f", str(MAKEFILE), "ensemble", f"PYTHON={python}"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    said = result.stderr.splitlines()[0]
+    assert said == (f"error: .venv needs Python 3.11 (the bundled tritonserver's python stub runs its version), and "
+                    f"{python} is missing or another version: install it (apt install python3.11-venv, or pyenv "
+                    f"install 3.11) or name one: make ensemble PYTHON=/path/to/python3.11"), result.stderr
+    assert not (tmp_path / ".venv").exists()
 
 
 def test_cli_build_says_in_one_line_when_the_disk_is_full_and_leaves_nothing_partial(tmp_path, test_dist):
