@@ -9,8 +9,8 @@ caller says which (`shortest`) and packs short sentences apart (`short_tokens`, 
 names the precision to reopen at when its embeddings miss the floor (`fallback`): bf16 → bf16-long → mixed → fp32,
 which the runner's load-time check (through `reopened`) and the build's check follow.
 
-One compiled model (two chained, for `mixed`; a third, for `bf16-long` and a packing runner's bf16) serves the whole
-process, with every CPU this process may run on (`os.sched_getaffinity`, fewer where its cgroup's CPU quota is
+One compiled model (two chained, for `mixed`; a third, for `bf16-long` and a packing runner's bf16, each compiled
+when a route first takes it) serves the whole process, with every CPU this process may run on (`os.sched_getaffinity`, fewer where its cgroup's CPU quota is
 smaller: `cpu_quota`; `threads` > 0 takes fewer): one OpenVINO stream (and infer request) per CPUS_PER_STREAM CPUs, at
 most MAX_STREAMS, the threads shared out among them. `map` runs several inputs at once, one per idle request, so a
 runner that hands it a batch as several packs keeps every stream busy from one process. The weights are held once,
@@ -288,29 +288,49 @@ class OpenVinoSession:
             stages = [(read_model(core, path, hint, self._weights), hint)]
         self._matrix_weights = [span for model, _ in stages[:2] for span in self._weights.matrix_weights(model)] \
             if self._weights else []
-        compiled = [core.compile_model(model, "CPU", {**config, "INFERENCE_PRECISION_HINT": hint})
-                    for model, hint in stages]
-        self._stage_computes = [c.get_property("INFERENCE_PRECISION_HINT").get_type_name() for c in compiled]
-        self._serve(precision)
+        self._core, self._config, self._stages = core, config, stages
+        self._compiled: list = [None] * len(stages)  # a stage is compiled when a route first takes it
+        self._stage_computes: list[str | None] = [None] * len(stages)
+        self._stage_inputs: list[list[str]] = [[] for _ in stages]
+        self._outputs: list[list] = [[] for _ in stages]
         self.parallel, self.threads = streams, threads
         self._idle = queue.SimpleQueue()
         for _ in range(streams):
-            self._idle.put([c.create_infer_request() for c in compiled])
+            self._idle.put([None] * len(stages))  # each stream's infer request per compiled stage
+        self._serve(precision)
         self._threads = ThreadPoolExecutor(streams, thread_name_prefix="openvino") if streams > 1 else None
-        self._stage_inputs = [[port.get_any_name() for port in c.inputs] for c in compiled]
-        self._outputs = [[(port.get_any_name(), port) for port in c.outputs] for c in compiled]
         self._called = False
+
+    def _compile(self, stages: list[int]) -> None:
+        """Compile the `stages` not compiled yet, with an infer request for each stream. A stage no route takes never
+        costs its compile or its memory: where bf16 holds the floor, the f32 second half a fall-back would route
+        short sentences through. Called with no call in flight (opening, and the runner's load-time `reopened`)."""
+        new = [stage for stage in dict.fromkeys(stages) if self._compiled[stage] is None]
+        for stage in new:
+            model, hint = self._stages[stage]
+            compiled = self._core.compile_model(model, "CPU", {**self._config, "INFERENCE_PRECISION_HINT": hint})
+            self._compiled[stage] = compiled
+            self._stage_computes[stage] = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+            self._stage_inputs[stage] = [port.get_any_name() for port in compiled.inputs]
+            self._outputs[stage] = [(port.get_any_name(), port) for port in compiled.outputs]
+        if new:
+            idle = [self._idle.get() for _ in range(self.parallel)]
+            for requests in idle:
+                for stage in new:
+                    requests[stage] = self._compiled[stage].create_infer_request()
+                self._idle.put(requests)
 
     def _serve(self, precision: str) -> None:
         """Route calls as `precision` runs them through the compiled stages: `_routes` holds the precise route (short
         sentences, or every call) and, for bf16-long, the fast one (calls of long sentences)."""
-        if len(self._stage_computes) == 1:
+        if len(self._stages) == 1:
             self._routes = [[0]]
         elif precision == BF16_LONG:
             self._routes = [[0, 1], [0, 2]]
             self.short_tokens, self.short_pack_tokens = SHORT_TOKENS, SHORT_PACK_TOKENS
         else:
             self._routes = [[0, 2] if precision == "bf16" else [0, 1]]
+        self._compile([stage for route in self._routes for stage in route])
         # bf16 or f32 here; bf16+f32 for a split model
         self.computes = "+".join(dict.fromkeys(self._stage_computes[i] for i in self._routes[0]))
         if self.short_tokens:
@@ -322,7 +342,7 @@ class OpenVinoSession:
     def reopened(self, precision: str) -> OpenVinoSession:
         """This session at `precision` (its `fallback`): itself, routed anew, where it has compiled the stages
         `precision` runs and no more (a split bf16 session at bf16-long), else a session opened at it."""
-        if _split_stages(precision) == len(self._stage_computes):
+        if _split_stages(precision) == len(self._stages):
             self._serve(precision)
             return self
         return OpenVinoSession(self._path, {**self._params, "precision": precision})
