@@ -10,10 +10,11 @@ names the precision to reopen at when its embeddings miss the floor (`fallback`)
 which the runner's load-time check (through `reopened`) and the build's check follow.
 
 One compiled model (two chained, for `mixed`; a third, for `bf16-long` and a packing runner's bf16, each compiled
-when a route first takes it) serves the whole process, with every CPU this process may run on (`os.sched_getaffinity`, fewer where its cgroup's CPU quota is
-smaller: `cpu_quota`; `threads` > 0 takes fewer): one OpenVINO stream (and infer request) per CPUS_PER_STREAM CPUs, at
-most MAX_STREAMS, the threads shared out among them. `map` runs several inputs at once, one per idle request, so a
-runner that hands it a batch as several packs keeps every stream busy from one process. The weights are held once,
+when a route first takes it) serves the whole process, with every CPU this process may run on
+(`os.sched_getaffinity`, fewer where its cgroup's CPU quota is smaller: `cpu_quota`; `threads` > 0 takes fewer): one
+OpenVINO stream (and infer request) per CPUS_PER_STREAM CPUs, at most MAX_STREAMS, the threads shared out among them.
+`map` runs several inputs at once, one per idle request, so a runner that hands it a batch as several packs keeps
+every stream busy from one process. The weights are held once,
 where one process per core held them once per process (docs/performance.md: on 2 CPUs one stream of 2 threads used
 6 % less CPU per sentence than two single-threaded processes, and 13 % less than two streams, at less than half the
 memory), and in 16 bits where the file stores them so (`keep_weights_16bit`). The process maps an IR's weights file
