@@ -141,9 +141,12 @@ def test_local_mme_lists_the_memory_of_each_loaded_target_when_its_models_are_li
         listed = json.loads(response.read())
     memory = listed["memory_mb"]
     assert set(memory["loaded"]) == set(listed["loaded"]) == {"bert.tar.gz", "tiny-a.tar.gz"}
-    # both targets run a tokenizer's and an encoder's python process; bert's encoder holds MiniLM's weights as well
+    # both targets run a tokenizer's and an encoder's python process (≥ 10 MB each); bert's encoder also holds
+    # MiniLM's 10.6 M matrix weights in 16-bit layouts (21 MB). Not bert against tiny: each target's figure is mostly
+    # its processes' Python, numpy and OpenVINO, whose shared pages PSS splits between the two targets (bert 152–172 MB,
+    # tiny 137–158 MB across runs, with bert's whole bf16 since the forty-ninth round)
     assert memory["loaded"]["tiny-a.tar.gz"] >= 2 * 10
-    assert memory["loaded"]["bert.tar.gz"] >= memory["loaded"]["tiny-a.tar.gz"] + 40
+    assert memory["loaded"]["bert.tar.gz"] >= 2 * 10 + 21
     assert memory["tritonserver"] >= 10
     parts = memory["tritonserver"] + sum(memory["loaded"].values())
     assert parts - 0.5 <= memory["total"] <= parts + 50  # + any stub of an evicted target still exiting
