@@ -2,19 +2,18 @@
 
 `mixed` splits a transformer after its middle layer: the first half computes bf16, the rest f32, as two compiled
 models chained per call. Where a CPU's bf16 misses the embedding floor on short texts, that holds it with a margin
-at 1.2-1.3x the speed of f32 (an AVX512_BF16 EPYC: 0.999888 in bf16, 0.999965 mixed; docs/performance.md,
-eighteenth round). bf16 misses it on short texts only: `bf16-long` runs calls whose sentences all have more than
+at 1.2-1.3x the speed of f32 (an AVX512_BF16 EPYC with plainly rounded fp16 weights: 0.999888 in bf16, 0.999965
+mixed; docs/performance.md, eighteenth round). bf16 misses it on short texts only: `bf16-long` runs calls whose sentences all have more than
 SHORT_TOKENS tokens in bf16 (the first half, then a bf16 compile of the second) and the others as `mixed`; the
 caller says which (`shortest`) and packs short sentences apart (`short_tokens`, `short_pack_tokens`). A session
 names the precision to reopen at when its embeddings miss the floor (`fallback`): bf16 → bf16-long → mixed → fp32,
 which the runner's load-time check (through `reopened`) and the build's check follow.
 
-One compiled model (two chained, for `mixed`; a third, for `bf16-long` and a packing runner's bf16, each compiled
-when a route first takes it) serves the whole process, with every CPU this process may run on
-(`os.sched_getaffinity`, fewer where its cgroup's CPU quota is smaller: `cpu_quota`; `threads` > 0 takes fewer): one
-OpenVINO stream (and infer request) per CPUS_PER_STREAM CPUs, at most MAX_STREAMS, the threads shared out among them.
-`map` runs several inputs at once, one per idle request, so a runner that hands it a batch as several packs keeps
-every stream busy from one process. The weights are held once,
+One compiled model (two chained, for `mixed`; a third, for `bf16-long`) serves the whole process, with every CPU this
+process may run on (`os.sched_getaffinity`, fewer where its cgroup's CPU quota is smaller: `cpu_quota`; `threads` > 0
+takes fewer): one OpenVINO stream (and infer request) per CPUS_PER_STREAM CPUs, at most MAX_STREAMS, the threads
+shared out among them. `map` runs several inputs at once, one per idle request, so a runner that hands it a batch as
+several packs keeps every stream busy from one process. The weights are held once,
 where one process per core held them once per process (docs/performance.md: on 2 CPUs one stream of 2 threads used
 6 % less CPU per sentence than two single-threaded processes, and 13 % less than two streams, at less than half the
 memory), and in 16 bits where the file stores them so (`keep_weights_16bit`). The process maps an IR's weights file
@@ -237,12 +236,6 @@ def _upstream(nodes, stop: str | None = None) -> set[str]:
     return seen
 
 
-def _split_stages(precision: str) -> int:
-    """How many compiled stages a split session at `precision` holds: the bf16 first half, the f32 second half and,
-    where calls run bf16 after the middle layer too, a bf16 compile of the second half (0: not a split precision)."""
-    return {MIXED: 2, BF16_LONG: 3, "bf16": 3}.get(precision, 0)
-
-
 def _node(model, name: str):
     return next(op for op in model.get_ops() if op.get_friendly_name() == name)
 
@@ -276,62 +269,43 @@ class OpenVinoSession:
         self._packing = int(params.get("max_pack_tokens", "0")) > 0
         if precision == BF16_LONG and not self._packing:
             precision = MIXED
-        # A packing runner's bf16 runs the split too, every call through the bf16 second half: where bf16 misses the
-        # floor on short texts, its fall-back (bf16-long) is then a change of route, not a second compile.
-        split = _native_bf16(core) and (precision in (MIXED, BF16_LONG) or precision == "bf16" and self._packing)
+        # bf16 is one whole compile: where it holds the floor it runs 3-4 % faster per call than the split's two bf16
+        # halves and holds 10 MB less; where it misses, its fall-back opens the split (docs/performance.md,
+        # forty-ninth round; the thirty-fourth opened the split from the start, when bf16 missed the floor here).
+        split = _native_bf16(core) and precision in (MIXED, BF16_LONG)
         halves = split_in_the_middle(core, path, self._weights) if split else None
         if halves:
             stages = list(zip(halves, ("bf16", "f32")))
-            if _split_stages(precision) == 3:  # the same second half compiled again (OpenVINO compiles a copy)
+            if precision == BF16_LONG:  # the same second half compiled again (OpenVINO compiles a copy)
                 stages.append((halves[1], "bf16"))
         else:  # mixed or bf16-long without native bf16, or without a cut, is f32 throughout
             hint = "f32" if precision in (MIXED, BF16_LONG) else OPENVINO_PRECISION[precision]
             stages = [(read_model(core, path, hint, self._weights), hint)]
         self._matrix_weights = [span for model, _ in stages[:2] for span in self._weights.matrix_weights(model)] \
             if self._weights else []
-        self._core, self._config, self._stages = core, config, stages
-        self._compiled: list = [None] * len(stages)  # a stage is compiled when a route first takes it
-        self._stage_computes: list[str | None] = [None] * len(stages)
-        self._stage_inputs: list[list[str]] = [[] for _ in stages]
-        self._outputs: list[list] = [[] for _ in stages]
+        compiled = [core.compile_model(model, "CPU", {**config, "INFERENCE_PRECISION_HINT": hint})
+                    for model, hint in stages]
+        self._stage_computes = [c.get_property("INFERENCE_PRECISION_HINT").get_type_name() for c in compiled]
+        self._serve(precision)
         self.parallel, self.threads = streams, threads
         self._idle = queue.SimpleQueue()
         for _ in range(streams):
-            self._idle.put([None] * len(stages))  # each stream's infer request per compiled stage
-        self._serve(precision)
+            self._idle.put([c.create_infer_request() for c in compiled])
         self._threads = ThreadPoolExecutor(streams, thread_name_prefix="openvino") if streams > 1 else None
+        self._stage_inputs = [[port.get_any_name() for port in c.inputs] for c in compiled]
+        self._outputs = [[(port.get_any_name(), port) for port in c.outputs] for c in compiled]
         self._called = False
-
-    def _compile(self, stages: list[int]) -> None:
-        """Compile the `stages` not compiled yet, with an infer request for each stream. A stage no route takes never
-        costs its compile or its memory: where bf16 holds the floor, the f32 second half a fall-back would route
-        short sentences through. Called with no call in flight (opening, and the runner's load-time `reopened`)."""
-        new = [stage for stage in dict.fromkeys(stages) if self._compiled[stage] is None]
-        for stage in new:
-            model, hint = self._stages[stage]
-            compiled = self._core.compile_model(model, "CPU", {**self._config, "INFERENCE_PRECISION_HINT": hint})
-            self._compiled[stage] = compiled
-            self._stage_computes[stage] = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
-            self._stage_inputs[stage] = [port.get_any_name() for port in compiled.inputs]
-            self._outputs[stage] = [(port.get_any_name(), port) for port in compiled.outputs]
-        if new:
-            idle = [self._idle.get() for _ in range(self.parallel)]
-            for requests in idle:
-                for stage in new:
-                    requests[stage] = self._compiled[stage].create_infer_request()
-                self._idle.put(requests)
 
     def _serve(self, precision: str) -> None:
         """Route calls as `precision` runs them through the compiled stages: `_routes` holds the precise route (short
         sentences, or every call) and, for bf16-long, the fast one (calls of long sentences)."""
-        if len(self._stages) == 1:
+        if len(self._stage_computes) == 1:
             self._routes = [[0]]
         elif precision == BF16_LONG:
             self._routes = [[0, 1], [0, 2]]
             self.short_tokens, self.short_pack_tokens = SHORT_TOKENS, SHORT_PACK_TOKENS
-        else:
-            self._routes = [[0, 2] if precision == "bf16" else [0, 1]]
-        self._compile([stage for route in self._routes for stage in route])
+        else:  # mixed
+            self._routes = [[0, 1]]
         # bf16 or f32 here; bf16+f32 for a split model
         self.computes = "+".join(dict.fromkeys(self._stage_computes[i] for i in self._routes[0]))
         if self.short_tokens:
@@ -341,11 +315,7 @@ class OpenVinoSession:
             self.fallback = FALLBACK[BF16_LONG]
 
     def reopened(self, precision: str) -> OpenVinoSession:
-        """This session at `precision` (its `fallback`): itself, routed anew, where it has compiled the stages
-        `precision` runs and no more (a split bf16 session at bf16-long), else a session opened at it."""
-        if _split_stages(precision) == len(self._stages):
-            self._serve(precision)
-            return self
+        """This session's model opened at `precision` (its `fallback`)."""
         return OpenVinoSession(self._path, {**self._params, "precision": precision})
 
     def __call__(self, inputs: dict[str, np.ndarray], shortest: int = 0) -> dict[str, np.ndarray]:
