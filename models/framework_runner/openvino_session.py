@@ -3,9 +3,10 @@
 `mixed` splits a transformer after its middle layer: the first half computes bf16, the rest f32, as two compiled
 models chained per call. Where a CPU's bf16 misses the embedding floor on short texts, that holds it with a margin
 at 1.2-1.3x the speed of f32 (an AVX512_BF16 EPYC with plainly rounded fp16 weights: 0.999888 in bf16, 0.999965
-mixed; docs/performance.md, eighteenth round). bf16 misses it on short texts only: `bf16-long` runs calls whose sentences all have more than
-SHORT_TOKENS tokens in bf16 (the first half, then a bf16 compile of the second) and the others as `mixed`; the
-caller says which (`shortest`) and packs short sentences apart (`short_tokens`, `short_pack_tokens`). A session
+mixed; docs/performance.md, eighteenth round). bf16 misses it on short texts only: `bf16-long` runs calls whose
+sentences all have more than SHORT_TOKENS tokens in bf16 (the first half, then a bf16 compile of the second) and the
+others as `mixed`; the caller says which (`shortest`) and packs short sentences apart (`short_tokens`,
+`short_pack_tokens`). A session
 names the precision to reopen at when its embeddings miss the floor (`fallback`): bf16 → bf16-long → mixed → fp32,
 which the runner's load-time check (through `reopened`) and the build's check follow.
 
