@@ -6,9 +6,8 @@ at 1.2-1.3x the speed of f32 (an AVX512_BF16 EPYC with plainly rounded fp16 weig
 mixed; docs/performance.md, eighteenth round). bf16 misses it on short texts only: `bf16-long` runs calls whose
 sentences all have more than SHORT_TOKENS tokens in bf16 (the first half, then a bf16 compile of the second) and the
 others as `mixed`; the caller says which (`shortest`) and packs short sentences apart (`short_tokens`,
-`short_pack_tokens`). A session
-names the precision to reopen at when its embeddings miss the floor (`fallback`): bf16 → bf16-long → mixed → fp32,
-which the runner's load-time check (through `reopened`) and the build's check follow.
+`short_pack_tokens`). A session names the precision to reopen at when its embeddings miss the floor (`fallback`):
+bf16 → bf16-long → mixed → fp32, which the runner's load-time check (through `reopened`) and the build's check follow.
 
 One compiled model (two chained, for `mixed`; a third, for `bf16-long`) serves the whole process, with every CPU this
 process may run on (`os.sched_getaffinity`, fewer where its cgroup's CPU quota is smaller: `cpu_quota`; `threads` > 0
@@ -271,7 +270,7 @@ class OpenVinoSession:
         if precision == BF16_LONG and not self._packing:
             precision = MIXED
         # bf16 is one whole compile: where it holds the floor it runs 3-4 % faster per call than the split's two bf16
-        # halves and holds 10 MB less; where it misses, its fall-back opens the split (docs/performance.md,
+        # halves and holds 10-26 MB less; where it misses, its fall-back opens the split (docs/performance.md,
         # forty-ninth round; the thirty-fourth opened the split from the start, when bf16 missed the floor here).
         split = _native_bf16(core) and precision in (MIXED, BF16_LONG)
         halves = split_in_the_middle(core, path, self._weights) if split else None
