@@ -4,7 +4,6 @@ NEEDS_PYTHON := 3.11# .venv's: the bundled tritonserver runs the python stub of 
 PYTHON ?= python$(NEEDS_PYTHON)
 VENV := .venv
 BIN := $(VENV)/bin
-comma := ,
 STAMP := $(VENV)/.installed
 NAME ?= bert
 TARGET ?=
@@ -35,7 +34,7 @@ help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 $(STAMP): requirements.txt pyproject.toml
-	@test -x $(BIN)/python || { $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != ($(subst .,$(comma) ,$(NEEDS_PYTHON))))' 2>/dev/null \
+	@test -x $(BIN)/python || { $(PYTHON) -c 'import sys; sys.exit("%d.%d" % sys.version_info[:2] != "$(NEEDS_PYTHON)")' 2>/dev/null \
 	  || { echo "error: .venv needs Python $(NEEDS_PYTHON) (the bundled tritonserver's python stub runs its version), and $(PYTHON) is missing or another version: install it (apt install python$(NEEDS_PYTHON)-venv, or pyenv install $(NEEDS_PYTHON)) or name one: make $(or $(MAKECMDGOALS),setup) PYTHON=/path/to/python$(NEEDS_PYTHON)" >&2; exit 2; }; \
 	  $(PYTHON) -m venv $(VENV); }
 	$(BIN)/pip install --quiet --upgrade pip
