@@ -361,11 +361,13 @@ def openvino_ir(out_dir: Path, model: Path, weights: str) -> None:
     if weights not in ENCODER_WEIGHTS:
         raise ValueError(f"IR weights are stored as {' or '.join(ENCODER_WEIGHTS)}, not {weights!r}")
     ir = ov.Core().read_model(str(model))
-    originals = {op.get_friendly_name(): op.get_data(copy=True) for op in ir.get_ops() if weights == "fp16"
-                 and op.get_type_name() == "Constant" and op.get_element_type() == ov.Type.f32}
-    ov.save_model(ir, str(out_dir / "model.xml"), compress_to_fp16=weights == "fp16")
-    if weights == "fp16":
-        _store_fp16_constants_bf16_faithfully(out_dir / "model.xml", originals)
+    if weights == "fp32":
+        ov.save_model(ir, str(out_dir / "model.xml"), compress_to_fp16=False)
+        return
+    originals = {op.get_friendly_name(): op.get_data(copy=True) for op in ir.get_ops()
+                 if op.get_type_name() == "Constant" and op.get_element_type() == ov.Type.f32}
+    ov.save_model(ir, str(out_dir / "model.xml"), compress_to_fp16=True)
+    _store_fp16_constants_bf16_faithfully(out_dir / "model.xml", originals)
 
 
 def _bf16_bits(values: np.ndarray) -> np.ndarray:
