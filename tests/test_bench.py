@@ -17,6 +17,7 @@ from benchmarks import corpus, meters, peers
 from benchmarks.meters import Run
 from benchmarks.run import Bench, BenchSettings
 from benchmarks.sides import PeerWorker, SentenceTransformersSide
+from tritonpack.components import load_model_module
 from tritonpack.containers import DEFAULT_CONTAINER, container_python
 
 
@@ -164,6 +165,9 @@ def test_bench_smoke_writes_report_files_with_expected_keys_when_run(test_dist, 
     # (how much that reads of the embedding table depends on the CPU: bf16 compute holds its own copy)
     assert memory["vocabulary_words"] > 20000
     assert all(0 < step["before_vocabulary_pss_mb"] <= step["pss_mb"] + 5 for step in memory["steps"].values()), memory
+    # idle, the models have unmapped the library pages their calls mapped (resident_memory.ReleasedWhenIdle)
+    assert memory["idle_wait_s"] > load_model_module("tokenizer", "resident_memory").PAGES_IDLE_S
+    assert all(step["pss_mb"] < step["recently_served_pss_mb"] - 5 for step in memory["steps"].values()), memory
     assert on_disk["mme"]["cold_start"]["first_answer_s_median"] > 0
     for run in on_disk["mme"]["cold_start"]["runs"]:  # the gateway's part and Triton's, both within the first answer
         assert min(run["gateway_s"], run["check_s"], run["extract_s"], run["triton_load_s"]) > 0, run

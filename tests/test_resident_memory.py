@@ -1,5 +1,6 @@
 """What a loaded python model hands back to the kernel (`models/shared/resident_memory.py`): the pages of read-only
-file mappings leave the process and read back unchanged; a page the process wrote is never dropped."""
+file mappings leave the process and read back unchanged; a page the process wrote is never dropped; what serving
+holds only for its next call goes back once the model is idle, never while a call runs."""
 
 from __future__ import annotations
 
@@ -157,7 +158,7 @@ for block in blocks:
     ctypes.memset(block, 1, 32 * 1024)
 for block in blocks[:-1]:  # the last block keeps the heap's top: free() alone gives nothing back
     libc.free(block)
-heap = resident_memory.HeapReturnedWhenIdle(idle_s=1.5)
+heap = resident_memory.ReleasedWhenIdle(idle_s=1.5)
 readings = {"freed": resident_memory._rollup_kb("Anonymous")}
 with heap:  # a call ends
     pass
@@ -183,7 +184,8 @@ def test_heap_a_model_freed_goes_back_once_it_has_been_idle_and_not_while_a_call
 def test_heap_is_returned_once_per_quiet_spell_not_between_calls_that_keep_coming(monkeypatch):
     returned = []
     monkeypatch.setattr(resident_memory, "return_freed_heap", lambda: returned.append(time.monotonic()))
-    heap = resident_memory.HeapReturnedWhenIdle(idle_s=1.5)
+    monkeypatch.setattr(resident_memory, "drop_load_only_file_pages", lambda: 0)
+    heap = resident_memory.ReleasedWhenIdle(idle_s=1.5)
     try:
         for _ in range(30):  # 3 s of calls 0.1 s apart
             last_ended = time.monotonic()
@@ -197,3 +199,65 @@ def test_heap_is_returned_once_per_quiet_spell_not_between_calls_that_keep_comin
         assert len(returned) == 1, "returned again with no call in between"
     finally:
         heap.close()
+
+
+def test_library_pages_go_after_the_longer_quiet_spell_only_and_never_while_a_call_runs(monkeypatch):
+    releases = []
+    monkeypatch.setattr(resident_memory, "return_freed_heap", lambda: releases.append(("heap", time.monotonic())))
+    monkeypatch.setattr(resident_memory, "drop_load_only_file_pages",
+                        lambda: releases.append(("pages", time.monotonic())))
+    released = resident_memory.ReleasedWhenIdle(idle_s=0.4, pages_idle_s=1.5)
+    try:
+        with released:
+            pass
+        time.sleep(1.0)  # past idle_s, not past pages_idle_s: the heap only
+        assert [kind for kind, _ in releases] == ["heap"], releases
+        with released:  # a call within pages_idle_s starts the wait over
+            pass
+        with released:  # and one running past it holds every release back until it ends
+            time.sleep(2.0)
+        assert [kind for kind, _ in releases] == ["heap"], releases
+        last_ended = time.monotonic()
+        time.sleep(2.5)
+        assert [kind for kind, _ in releases] == ["heap", "heap", "pages"], releases
+        assert releases[-1][1] - last_ended >= 1.5 - 0.05, (releases, last_ended)
+        time.sleep(2.0)
+        assert len(releases) == 3, "released again with no call in between"
+    finally:
+        released.close()
+
+
+IDLE_LIBRARY_PROBE = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import resident_memory
+
+def mapped_library_kb():
+    return sum(m.kb.get("Rss", 0) for m in resident_memory.mappings()
+               if m.path.startswith("/") and m.permissions[1] == "-" and m.kb.get("Anonymous", 1) == 0)
+
+def compute():
+    a = np.random.default_rng(0).normal(size=(64, 64))
+    return repr(((a @ a.T).sum(), np.linalg.svd(a)[1][:3].tolist(), np.fft.rfft(a[0])[:3].tolist()))
+
+released = resident_memory.ReleasedWhenIdle(idle_s=0.2, pages_idle_s=0.6)
+with released:
+    expected = compute()
+serving = mapped_library_kb()
+time.sleep(1.5)
+idle = mapped_library_kb()
+with released:
+    again = compute()
+released.close()
+print(json.dumps({"serving_kb": serving, "idle_kb": idle, "same": expected == again}))
+"""
+
+
+def test_an_idle_process_unmaps_the_library_pages_its_calls_mapped_and_computes_the_same_after():
+    """Fault-around maps a library's neighbouring pages with each one a call reads; once idle they leave the process
+    (the page cache keeps them) and the next call reads back what it needs."""
+    probe = json.loads(subprocess.run([sys.executable, "-c", IDLE_LIBRARY_PROBE, str(SHARED_DIR)],
+                                      capture_output=True, text=True, check=True).stdout)
+    assert probe["same"], probe
+    assert probe["serving_kb"] - probe["idle_kb"] > 1024, probe

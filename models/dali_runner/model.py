@@ -7,7 +7,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from batched_requests import ClientError, read_input, respond_all
 from image_header import check_image_pixels
-from resident_memory import HeapReturnedWhenIdle, drop_load_only_file_pages
+from resident_memory import ReleasedWhenIdle, drop_load_only_file_pages
 from serialized_pipeline import PipelineRunFailed, SerializedPipeline, rows_to_samples
 
 DEFAULT_MAX_IMAGE_PIXELS = 50_000_000  # ~7000×7000; a config parameter `max_image_pixels` overrides it
@@ -26,10 +26,10 @@ class TritonPythonModel:
                                                      max_batch_size=max(1, int(config["max_batch_size"])),
                                                      num_threads=int(params.get("num_threads", "1")))
         drop_load_only_file_pages()
-        self.idle_heap = HeapReturnedWhenIdle()
+        self.released_when_idle = ReleasedWhenIdle()
 
     def execute(self, requests):
-        with self.idle_heap:
+        with self.released_when_idle:
             return respond_all(pb_utils, requests, self._parse, self._run,
                                lambda rows: [pb_utils.Tensor(self.output_name, rows)], pb_utils.Logger)
 
@@ -58,6 +58,6 @@ class TritonPythonModel:
         return results
 
     def finalize(self):
-        self.idle_heap.close()
+        self.released_when_idle.close()
         self.pipeline = None
 

@@ -26,7 +26,7 @@ import numpy as np
 from batched_requests import ClientError, pad_and_concat, read_input, respond_all, split_rows
 from packing import PACKED_FEATURES, pack_groups, packed_inputs, unpacked
 from pooling import mean_pool
-from resident_memory import HeapReturnedWhenIdle, drop_load_only_file_pages, return_freed_heap
+from resident_memory import ReleasedWhenIdle, drop_load_only_file_pages, return_freed_heap
 
 MASK = "attention_mask"  # when an input has this name, rows are grouped by its real length
 MAX_PADDING_WASTE = 0.25  # a group of ragged requests may hold at most this fraction of padding tokens
@@ -73,10 +73,10 @@ class FrameworkRunnerModel:
     max_pack_tokens = 0  # set from the config's parameters in initialize; 0: the artifact is not packed
     max_pack_rows = 0  # 0: no limit on sentences per pack
     free_padding = 0  # padding tokens a group may hold whatever their share (GPU_FREE_PADDING_TOKENS on a GPU)
-    idle_heap = nullcontext()  # initialize starts a HeapReturnedWhenIdle; a runner set up in-process without it none
+    released_when_idle = nullcontext()  # initialize starts a ReleasedWhenIdle; none in a runner set up in-process
 
     def initialize(self, args):
-        self.idle_heap = HeapReturnedWhenIdle(also_release=self._release_cached_device_memory)
+        self.released_when_idle = ReleasedWhenIdle(also_release=self._release_cached_device_memory)
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         folder = os.path.join(args["model_repository"], args["model_version"])
@@ -180,7 +180,7 @@ class FrameworkRunnerModel:
         if self.warming is not None:
             self._stop_warming.set()
             self.warming.join()
-        self.idle_heap.close()
+        self.released_when_idle.close()
 
     def execute(self, requests):
         if self.text is not None:
@@ -213,7 +213,7 @@ class FrameworkRunnerModel:
         return item
 
     def _run(self, items):
-        with self.idle_heap:
+        with self.released_when_idle:
             return self._compute(items)
 
     def _compute(self, items):

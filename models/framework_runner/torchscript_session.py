@@ -29,6 +29,6 @@ def open_session(path: str, params: dict[str, str]):
         return {name: value.float().cpu().numpy() for name, value in zip(output_names, result)}
 
     run.on_gpu = device.type == "cuda"
-    if run.on_gpu:  # once the model is idle (resident_memory.HeapReturnedWhenIdle): the blocks kept for the next call
+    if run.on_gpu:  # once the model is idle (resident_memory.ReleasedWhenIdle): the blocks kept for the next call
         run.release_cached_memory = torch.cuda.empty_cache
     return run

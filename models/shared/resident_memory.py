@@ -1,8 +1,8 @@
 """Memory a loaded python model holds for nothing once it has loaded, handed back to the kernel.
 
 - `return_freed_heap`: heap memory freed while loading (glibc keeps it in the arena of the thread that freed it).
-- `HeapReturnedWhenIdle`: heap memory that serving freed (and a GPU's cached blocks), handed back once the model has
-  been idle for a while.
+- `ReleasedWhenIdle`: heap memory that serving freed (and a GPU's cached blocks), handed back once the model has
+  been idle for a while; after a longer quiet spell, the library pages serving mapped as well.
 - `drop_load_only_file_pages`: pages of library code and read-only data that loading touched (imports, OpenVINO's
   graph passes and compiler) and serving never reads again. They stay in the page cache; the process maps them again
   the moment it reads them, so what serving uses comes back at its first requests and the rest stays out
@@ -17,7 +17,8 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 MADV_DONTNEED = 4
-IDLE_S = 2.0  # HeapReturnedWhenIdle: no call for this long, and the freed heap goes back
+IDLE_S = 2.0  # ReleasedWhenIdle: no call for this long, and the freed heap goes back
+PAGES_IDLE_S = 10.0  # ReleasedWhenIdle: no call for this long, and the library pages go too
 
 
 def return_freed_heap() -> int:
@@ -34,25 +35,36 @@ def return_freed_heap() -> int:
     return max(0, before - _rollup_kb("Anonymous")) * 1024
 
 
-class HeapReturnedWhenIdle:
-    """`return_freed_heap` once no call has run for `idle_s`, once per quiet spell; each call runs inside
-    `with heap:`. A return never starts while a call runs; a call that begins during one (~20 ms) shares the CPU
-    with it. Calls of varied batch sizes fragment glibc's heap, which then holds the high-water mark of every
-    size seen: a TorchScript ResNet-50 fed batches of 1 to 8 held 737 MB of anonymous memory where 304 MB were in
-    use. Returned under load it would cost every call its pages faulted in again (+12-16 % there); returned when
-    idle it costs the first call after a quiet spell that (+17 % on one batch of 4) and an idle model holds only what
-    it uses (docs/performance.md, twenty-eighth round). `also_release`, called right after, hands back what else the
-    model caches for its next call: on a GPU, the device memory torch's allocator keeps (`torch.cuda.empty_cache`),
-    which the other models an MME loads on that GPU can then use."""
+class ReleasedWhenIdle:
+    """What a loaded model holds only for its next call, handed back once it has had none for a while; each call runs
+    inside `with released:`. A release never starts while a call runs; a call that begins during one (~20 ms) shares
+    the CPU with it.
 
-    def __init__(self, idle_s: float = IDLE_S, also_release: Callable[[], object] | None = None):
+    - After `idle_s`: the heap memory serving freed (`return_freed_heap`). Calls of varied batch sizes fragment
+      glibc's heap, which then holds the high-water mark of every size seen: a TorchScript ResNet-50 fed batches of 1
+      to 8 held 737 MB of anonymous memory where 304 MB were in use. Returned under load it would cost every call its
+      pages faulted in again (+12-16 % there); returned when idle it costs the first call after a quiet spell that
+      (+17 % on one batch of 4) and an idle model holds only what it uses (docs/performance.md, twenty-eighth round).
+      `also_release`, called right after, hands back what else the model caches for its next call: on a GPU, the
+      device memory torch's allocator keeps (`torch.cuda.empty_cache`), which the other models an MME loads on that
+      GPU can then use.
+    - After `pages_idle_s`: the library pages serving mapped (`drop_load_only_file_pages`). Each page a call reads
+      from a library maps its neighbours in the page cache with it (the kernel's fault-around, up to 64 kB): the
+      encoder's stub maps 11 MB of OpenVINO's CPU plugin of which its calls read 2 MB. Unmapped, the pages stay in
+      the page cache, reclaimable, and the next call maps back what it reads: an idle loaded `bert` holds 21 MB less,
+      the first request after the quiet spell takes ~1.3 ms longer (docs/performance.md, fiftieth round). The longer
+      wait keeps that cost off traffic that pauses for seconds."""
+
+    def __init__(self, idle_s: float = IDLE_S, pages_idle_s: float = PAGES_IDLE_S,
+                 also_release: Callable[[], object] | None = None):
         self._idle_s = idle_s
+        self._pages_idle_s = max(pages_idle_s, idle_s)
         self._also_release = also_release
         self._ended = threading.Event()  # a call ended
         self._lock = threading.Lock()
         self._running = 0
         self._closed = False
-        self._thread = threading.Thread(target=self._watch, name="return-heap-when-idle", daemon=True)
+        self._thread = threading.Thread(target=self._watch, name="release-when-idle", daemon=True)
         self._thread.start()
 
     def __enter__(self) -> None:
@@ -74,10 +86,17 @@ class HeapReturnedWhenIdle:
             self._ended.clear()
             while self._ended.wait(self._idle_s) and not self._closed:  # another call ended within idle_s
                 self._ended.clear()
-            if not self._closed and not self._running:  # one still running (longer than idle_s) ends later
-                return_freed_heap()
-                if self._also_release is not None:
-                    self._also_release()
+            if not self._idle():  # one still running (longer than idle_s) ends later
+                continue
+            return_freed_heap()
+            if self._also_release is not None:
+                self._also_release()
+            # a call ending meanwhile starts the watch over; one still running when the wait ends releases after it
+            if not self._ended.wait(self._pages_idle_s - self._idle_s) and self._idle():
+                drop_load_only_file_pages()
+
+    def _idle(self) -> bool:
+        return not self._closed and not self._running
 
 
 def drop_load_only_file_pages() -> int:

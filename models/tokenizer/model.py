@@ -5,7 +5,7 @@ import os
 
 import triton_python_backend_utils as pb_utils
 from batched_requests import respond_all
-from resident_memory import HeapReturnedWhenIdle, drop_load_only_file_pages
+from resident_memory import ReleasedWhenIdle, drop_load_only_file_pages
 from tokenize_text import TextInput, TextTokenizer
 
 
@@ -19,15 +19,15 @@ class TritonPythonModel:
         self.tokenizer = TextTokenizer.from_parameters(os.path.join(folder, "tokenizer.json"), params,
                                                        "token_type_ids" in self.output_names)
         drop_load_only_file_pages()  # the imports' and the vocabulary parse's pages (docs/performance.md, 24th round)
-        self.idle_heap = HeapReturnedWhenIdle()
+        self.released_when_idle = ReleasedWhenIdle()
 
     def execute(self, requests):
-        with self.idle_heap:
+        with self.released_when_idle:
             return respond_all(pb_utils, requests, self._parse, self.tokenizer.per_request, self._tensors,
                                pb_utils.Logger)
 
     def finalize(self):
-        self.idle_heap.close()
+        self.released_when_idle.close()
 
     def _parse(self, request):
         return self.text.read(pb_utils, request)
