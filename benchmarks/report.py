@@ -174,8 +174,8 @@ def _memory_table(mme: dict, title: str) -> list[str]:
     rows = [["0 (server only)", "–", "–", f"{alone['pss_mb']:.0f}", f"{alone['rss_mb']:.0f}",
              str(alone["processes"]), "0"]]
     rows += [[n, f"{m['before_vocabulary_pss_mb']:.0f}", f"{m['recently_served_pss_mb']:.0f}", f"{m['pss_mb']:.0f}",
-              f"{m['rss_mb']:.0f}",
-              str(m["processes"]), str(m["stub_processes_started"])] for n, m in memory["steps"].items()]
+              f"{m['rss_mb']:.0f}", str(m["processes"]), str(m["stub_processes_started"])]
+             for n, m in memory["steps"].items()]
     loads = ", ".join(fmt(s) for s in memory["first_answer_s_by_target"].values() if s is not None)
     lines = [f"## Memory and cold start through the local MME: {title}", ""]
     lines += _table(["loaded copies", "PSS before the step's vocabulary (MB)", "PSS 3 s after it (MB)",
