@@ -123,17 +123,22 @@ def test_a_mapping_is_left_alone_where_some_of_its_written_pages_are_swapped_out
     assert resident_kb(address) == SIZE // 1024
 
 
-LIBRARY_PROBE = """
-import json, sys
+# a process that computes with numpy's and Python's own libraries: the probes below drop their pages in between
+NUMPY_PROCESS = """
+import json, sys, time
 sys.path.insert(0, sys.argv[1])
 import numpy as np
 import resident_memory
 
-a = np.random.default_rng(0).normal(size=(64, 64))
-expected = (a @ a.T).sum(), np.linalg.svd(a)[1][:3].tolist(), np.fft.rfft(a[0])[:3].tolist()
+def compute():
+    a = np.random.default_rng(0).normal(size=(64, 64))
+    return repr(((a @ a.T).sum(), np.linalg.svd(a)[1][:3].tolist(), np.fft.rfft(a[0])[:3].tolist()))
+"""
+
+LIBRARY_PROBE = NUMPY_PROCESS + """
+expected = compute()
 dropped = resident_memory.drop_load_only_file_pages()
-again = (a @ a.T).sum(), np.linalg.svd(a)[1][:3].tolist(), np.fft.rfft(a[0])[:3].tolist()
-print(json.dumps({"dropped_mb": dropped / 2**20, "same": repr(expected) == repr(again)}))
+print(json.dumps({"dropped_mb": dropped / 2**20, "same": expected == compute()}))
 """
 
 
@@ -227,19 +232,10 @@ def test_library_pages_go_after_the_longer_quiet_spell_only_and_never_while_a_ca
         released.close()
 
 
-IDLE_LIBRARY_PROBE = """
-import json, sys, time
-sys.path.insert(0, sys.argv[1])
-import numpy as np
-import resident_memory
-
-def mapped_library_kb():
-    return sum(m.kb.get("Rss", 0) for m in resident_memory.mappings()
-               if m.path.startswith("/") and m.permissions[1] == "-" and m.kb.get("Anonymous", 1) == 0)
-
-def compute():
-    a = np.random.default_rng(0).normal(size=(64, 64))
-    return repr(((a @ a.T).sum(), np.linalg.svd(a)[1][:3].tolist(), np.fft.rfft(a[0])[:3].tolist()))
+IDLE_LIBRARY_PROBE = NUMPY_PROCESS + """
+def mapped_library_kb():  # what drop_load_only_file_pages would unmap
+    droppable = set(resident_memory._unwritten_read_only_file_mappings())
+    return sum(m.kb.get("Rss", 0) for m in resident_memory.mappings() if (m.low, m.high) in droppable)
 
 released = resident_memory.ReleasedWhenIdle(idle_s=0.2, pages_idle_s=0.6)
 with released:
