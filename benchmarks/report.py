@@ -16,7 +16,8 @@ How this bench measures:
   `encode` only; concurrency does not apply to them. Served sides (tritonpack `bert` in the
   bundled tritonserver, infinity-emb, both on loopback) get one sentence per request from c client threads, each
   waiting for its answer before sending the next. Every comparison runs its sides in alternating order in one run
-  (A B …, … B A) and reports the median of the per-repetition ratios.
+  (A B …, … B A), the goals' sides next to each other (served c=8 between the faster torch batch and the OpenVINO
+  backend, then infinity-emb c=8), and reports the median of the per-repetition ratios.
 - **Per CPU-second** divides items by the CPU time of this process and every process group it started (servers
   with their stubs, peer workers) during the run; other processes' load does not bias it.
 - **Memory** is the summed PSS of tritonserver and all its python stubs after loading copies of the tarball

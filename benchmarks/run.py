@@ -20,7 +20,9 @@ class BenchSettings:
     # doubled our ratio (docs/performance.md, fourth round). 512 gives it eight batches, its best case here.
     sentences: int = 512
     held_out: int = 512  # cosine checks: distinct sentences none of the sides is timed on (an eighth beyond 256 tokens)
-    repetitions: int = 3  # alternations of every comparison
+    # alternations of every comparison: one run's throughput here varies by ±15 % within minutes (docs/performance.md,
+    # fifty-first round), and a goal's verdict is the median of its per-repetition ratios
+    repetitions: int = 5
     concurrencies: tuple[int, ...] = (1, 4, 8, 16, 32)  # served sides
     bucket_concurrency: int = 8  # served sides, by length bucket
     peer_batch_size: int = 64  # in-process sentence-transformers and infinity-emb's batch

@@ -176,11 +176,24 @@ def task_name(side: Side, c: int | None) -> str:
 
 
 def tasks(sides: list[Side], texts: list[str], concurrencies, named_by_c: bool = True) -> dict:
+    """Every side's run at every concurrency it takes, in the order `alternate` runs them: served c=8 next to the
+    peers its goals compare it with (`goals_side_by_side`)."""
     out = {}
     for side in sides:
         for c in concurrencies if side.served else (1,):
             out[task_name(side, c if named_by_c else None)] = lambda side=side, c=c: side.run(texts, c)
-    return out
+    return goals_side_by_side(out)
+
+
+def goals_side_by_side(named: dict) -> dict:
+    """`named` reordered so that the goals' runs sit together in the middle — faster torch batch, served c=8, the
+    OpenVINO backend, infinity-emb c=8 — which `alternate` keeps together when it reverses the order. This machine's
+    throughput drifts within seconds (one served run 109-159 sentences/s over minutes, at the same batch:
+    docs/performance.md, fifty-first round), so a goal's ratio pairs runs seconds apart rather than a minute."""
+    goal = [name for key in (*TORCH_BATCHES, SERVED, *GOAL_RATIOS) for name in (key, f"{key} c=8") if name in named]
+    rest = [name for name in named if name not in goal]
+    order = rest[:len(rest) // 2] + goal + rest[len(rest) // 2:]
+    return {name: named[name] for name in order}
 
 
 def ratios(runs: dict, sides: list[Side], c: int | None) -> dict:

@@ -195,6 +195,32 @@ def test_serving_overrides_turn_dynamic_batching_off_when_given_as_strings():
         TextServing().with_overrides({"dynamic_batchin": "false"})
 
 
+def test_goal_runs_are_alternated_side_by_side_in_the_middle_of_every_repetition():
+    from types import SimpleNamespace
+
+    from benchmarks import text_peers
+
+    keys = ("st_torch_b64", "st_torch_b32", "st_torch_b64_1thread", "st_openvino_b64", "st_onnx_b64", "infinity",
+            "tritonpack")
+    sides = [SimpleNamespace(key=key, served=key in ("infinity", "tritonpack"), run=lambda texts, c: None)
+             for key in keys]
+    order = []
+    named = {name: (lambda name=name: order.append(name) or Run(1, 1.0))
+             for name in text_peers.tasks(sides, [], (1, 8, 32))}
+    meters.alternate(named, 2, log=lambda line: None)
+    goal = ["st_torch_b64", "st_torch_b32", "tritonpack c=8", "st_openvino_b64", "infinity c=8"]
+    first, second = order[:len(named)], order[len(named):]
+    start = first.index(goal[0])
+    assert first[start:start + len(goal)] == goal and second == first[::-1]
+    assert start > 0 and start + len(goal) < len(first)  # other runs before and after: the goals stay in the middle
+    assert sorted(first) == sorted(["st_torch_b64_1thread", "st_onnx_b64", "infinity c=1", "infinity c=32",
+                                    "tritonpack c=1", "tritonpack c=32"] + goal)
+    by_bucket = list(text_peers.tasks([x for x in sides if x.key != "st_torch_b64_1thread"], [], (8,),
+                                      named_by_c=False))
+    assert by_bucket[by_bucket.index("tritonpack") - 1:by_bucket.index("tritonpack") + 3] == [
+        "st_torch_b32", "tritonpack", "st_openvino_b64", "infinity"]
+
+
 def test_torch_goal_is_judged_against_the_faster_torch_batch_in_each_repetition():
     from types import SimpleNamespace
 
