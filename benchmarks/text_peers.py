@@ -187,8 +187,8 @@ def tasks(sides: list[Side], texts: list[str], concurrencies, named_by_c: bool =
 
 def goals_side_by_side(named: dict) -> dict:
     """`named` reordered so that the goals' runs sit together in the middle — faster torch batch, served c=8, the
-    OpenVINO backend, infinity-emb c=8 — which `alternate` keeps together when it reverses the order. This machine's
-    throughput drifts within seconds (one served run 109-159 sentences/s over minutes, at the same batch:
+    OpenVINO backend, infinity-emb c=8 — which `alternate` keeps together when it reverses the order. A 2-vCPU VM's
+    throughput drifts within seconds (ten served runs a second apart: 120-155 sentences/s at the same batch of ~3.5,
     docs/performance.md, fifty-first round), so a goal's ratio pairs runs seconds apart rather than a minute."""
     goal = [name for key in (*TORCH_BATCHES, SERVED, *GOAL_RATIOS) for name in (key, f"{key} c=8") if name in named]
     rest = [name for name in named if name not in goal]
