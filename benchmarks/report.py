@@ -17,7 +17,7 @@ How this bench measures:
   bundled tritonserver, infinity-emb, both on loopback) get one sentence per request from c client threads, each
   waiting for its answer before sending the next. Every comparison runs its sides in alternating order in one run
   (A B …, … B A), the goals' sides next to each other (served c=8 between the faster torch batch and the OpenVINO
-  backend, then infinity-emb c=8), and reports the median of the per-repetition ratios.
+  backend, then infinity-emb c=8), and reports the median of the per-repetition ratios, their range in brackets.
 - **Per CPU-second** divides items by the CPU time of this process and every process group it started (servers
   with their stubs, peer workers) during the run; other processes' load does not bias it.
 - **Memory** is the summed PSS of tritonserver and all its python stubs after loading copies of the tarball
@@ -31,10 +31,14 @@ def _row(key: str, what: str, value, unit: str, target=None, met=None, per_cpu=N
 
 
 def _ratio_row(key: str, what: str, ratio: dict | None) -> list[dict]:
+    """The median ratio, with the range of the repetitions' ratios beside it where there were several."""
     if not ratio:
         return []
-    return [_row(key, what, ratio["median"], "×", ratio.get("target"), ratio.get("met"),
-                 ratio.get("per_cpu_second_median"))]
+    row = _row(key, what, ratio["median"], "×", ratio.get("target"), ratio.get("met"),
+               ratio.get("per_cpu_second_median"))
+    if len(ratio.get("ratios", [])) > 1:
+        row["range"] = [min(ratio["ratios"]), max(ratio["ratios"])]
+    return [row]
 
 
 def summary_rows(report: dict) -> list[dict]:
@@ -106,7 +110,10 @@ def fmt(value, digits: int = 2) -> str:
 
 
 def row_value(row: dict) -> str:
-    return fmt(row["value"], 6 if row["key"] == "cosine_min" else 2) + row["unit"]
+    value = fmt(row["value"], 6 if row["key"] == "cosine_min" else 2) + row["unit"]
+    if "range" in row:  # a ratio's repetitions
+        value += " ({}–{})".format(*(fmt(x) for x in row["range"]))
+    return value
 
 
 def _table(header: list[str], rows: list[list[str]], numbers: bool = True) -> list[str]:

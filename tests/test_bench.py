@@ -66,6 +66,21 @@ def test_ratio_summary_reports_the_median_of_paired_runs_when_alternated():
     assert summary["per_cpu_second_median"] == 1.5  # the run without CPU time is left out
 
 
+def test_report_shows_each_ratio_with_the_range_of_its_repetitions_when_there_were_several():
+    from benchmarks import report
+
+    ratio = meters.ratio_summary([Run(90, 1.0), Run(77, 1.0), Run(93, 1.0)], [Run(100, 1.0)] * 3, 1.0)
+    row, = report.summary_rows({"dynamic_batching": {"ratio": ratio}})
+    assert report.row_value(row) == "0.90× (0.77–0.93)" and row["range"] == [0.77, 0.93]
+    once = meters.ratio_summary([Run(90, 1.0)], [Run(100, 1.0)])
+    single, = report.summary_rows({"dynamic_batching": {"ratio": once}})
+    assert report.row_value(single) == "0.90×"
+    assert "| 0.90× (0.77–0.93) |" in report.render_markdown({
+        "mode": "smoke", "started": "", "machine": {"cpu_model": "x", "cores": 2, "cpu_flags": {}, "memory_gb": 1,
+                                                    "platform": "", "python": ""},
+        "summary": [row], "versions": {}, "settings": {}})
+
+
 def test_side_summary_reports_per_cpu_second_only_over_runs_that_measured_cpu_time():
     measured = meters.side_summary([Run(100, 1.0, [5.0], cpu_seconds=2.0), Run(100, 2.0, [7.0]),
                                     Run(100, 1.0, [6.0], cpu_seconds=1.0)])
