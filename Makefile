@@ -74,7 +74,7 @@ soak: $(STAMP) ## reliability soak: 10,000 mixed requests per ensemble, fuzzed a
 	$(BIN)/python -m pytest -m soak -s tests/test_soak.py tests/test_mme_load.py
 	TRITONPACK_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest tests/test_archive_fuzz.py
 
-bench: $(STAMP) ## served bert side by side with its peers, memory, cold start (~20 min; first run makes the peer venvs) → dist/bench/report.md
+bench: $(STAMP) ## served bert side by side with its peers, memory, cold start (~20-25 min; first run makes the peer venvs) → dist/bench/report.md
 	$(BIN)/python -m benchmarks --mode $(BENCH)
 
 bench-smoke: $(STAMP) ## the quick bench (small corpus, one repetition, c=1 and 8, no peer installs) → dist/bench/report.md
