@@ -23,6 +23,8 @@ SERVED = "tritonpack"
 GOAL_RATIOS = {"st_openvino_b64": goals.SERVED_OVER_ST_OPENVINO_C8, "infinity": goals.SERVED_OVER_SERVED_PEER_C8}
 TORCH_BATCHES = ("st_torch_b64", "st_torch_b32")  # the torch goal holds against whichever is faster
 FASTER_TORCH = "st_torch_faster_batch"
+# the sides of the goals at c=8, in the order their runs sit side by side: faster torch batch, served, the rest
+GOAL_SIDES = (*TORCH_BATCHES, SERVED, *GOAL_RATIOS)
 
 
 def peer_env_ready(bench, env: peers.PeerEnv, skipped: dict) -> bool:
@@ -182,15 +184,16 @@ def tasks(sides: list[Side], texts: list[str], concurrencies, named_by_c: bool =
     for side in sides:
         for c in concurrencies if side.served else (1,):
             out[task_name(side, c if named_by_c else None)] = lambda side=side, c=c: side.run(texts, c)
-    return goals_side_by_side(out)
+    goal_runs = [task_name(side, 8 if named_by_c else None) for key in GOAL_SIDES for side in sides if side.key == key]
+    return goals_side_by_side(out, goal_runs)
 
 
-def goals_side_by_side(named: dict) -> dict:
-    """`named` reordered so that the goals' runs sit together in the middle — faster torch batch, served c=8, the
-    OpenVINO backend, infinity-emb c=8 — which `alternate` keeps together when it reverses the order. A 2-vCPU VM's
-    throughput drifts within seconds (ten served runs a second apart: 120-155 sentences/s at the same batch of ~3.5,
-    docs/performance.md, fifty-first round), so a goal's ratio pairs runs seconds apart rather than a minute."""
-    goal = [name for key in (*TORCH_BATCHES, SERVED, *GOAL_RATIOS) for name in (key, f"{key} c=8") if name in named]
+def goals_side_by_side(named: dict, goal_runs: list[str]) -> dict:
+    """`named` reordered so that the goals' runs (those of `goal_runs` it has) sit together in the middle, which
+    `alternate` keeps together when it reverses the order. A 2-vCPU VM's throughput drifts within seconds (ten served
+    runs a second apart: 120-155 sentences/s at the same batch of ~3.5, docs/performance.md, fifty-first round), so a
+    goal's ratio pairs runs seconds apart rather than a minute."""
+    goal = [name for name in goal_runs if name in named]
     rest = [name for name in named if name not in goal]
     order = rest[:len(rest) // 2] + goal + rest[len(rest) // 2:]
     return {name: named[name] for name in order}
