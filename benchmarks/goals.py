@@ -1,6 +1,8 @@
 """The targets the report checks (issue 10), named by what they measure. Wall-clock ratios measured side by side in
 one run; "c=8" is eight concurrent clients, one sentence per request."""
 
+CONCURRENCY = 8  # the served sides' clients in every goal below named c=8
+
 SERVED_OVER_ST_OPENVINO_C8 = 1.0  # served bert ÷ in-process sentence-transformers backend="openvino", batch 64
 # served bert ÷ in-process sentence-transformers torch at the faster of the batches it runs (64, its default 32)
 SERVED_OVER_ST_TORCH_C8 = 1.5

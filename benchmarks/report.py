@@ -45,14 +45,14 @@ def summary_rows(report: dict) -> list[dict]:
     """One row per headline number: what, measured, target, met."""
     rows = []
     peers = report.get("peers", {})
-    at8 = peers.get("ratios_by_concurrency", {}).get("8", {})
+    at_goal = peers.get("ratios_by_concurrency", {}).get(str(goals.CONCURRENCY), {})
     for key, side in peers.get("sides", {}).items():
-        if key in at8:
+        if key in at_goal:
             how = "c=8" if side["served"] else "in-process"
-            rows += _ratio_row(f"served_c8_over_{key}", f"served bert c=8 ÷ {side['label']} ({how})", at8[key])
+            rows += _ratio_row(f"served_c8_over_{key}", f"served bert c=8 ÷ {side['label']} ({how})", at_goal[key])
     rows += _ratio_row(f"served_c8_over_{FASTER_TORCH}", "served bert c=8 ÷ sentence-transformers torch at the "
                        "faster of its batches 64 and 32, in each repetition (in-process)",
-                       at8.get(FASTER_TORCH))
+                       at_goal.get(FASTER_TORCH))
     cosine = peers.get("cosine_to_st_torch", {}).get("tritonpack")
     if cosine:
         rows.append(_row("cosine_min", "served bert min cosine to sentence-transformers torch (held-out)",

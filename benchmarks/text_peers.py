@@ -92,7 +92,7 @@ def infinity_side(bench, texts: list[str], engines: list[peers.InfinityEngine],
             for side in list(started):
                 try:
                     tried[side.details["engine"]].update(
-                        probe_c8_sentences_per_s=side.run(texts, 8).per_second,
+                        probe_c8_sentences_per_s=side.run(texts, goals.CONCURRENCY).per_second,
                         min_cosine_within_256=cosine_min(side.embed(check_texts), check_vectors))
                 except Exception as e:  # noqa: BLE001 - an engine that fails its probe is recorded; the others run
                     tried[side.details["engine"]]["error"] = f"probe failed: {type(e).__name__}: {e}"
@@ -184,7 +184,8 @@ def tasks(sides: list[Side], texts: list[str], concurrencies, named_by_c: bool =
     for side in sides:
         for c in concurrencies if side.served else (1,):
             out[task_name(side, c if named_by_c else None)] = lambda side=side, c=c: side.run(texts, c)
-    goal_runs = [task_name(side, 8 if named_by_c else None) for key in GOAL_SIDES for side in sides if side.key == key]
+    goal_c = goals.CONCURRENCY if named_by_c else None
+    goal_runs = [task_name(side, goal_c) for key in GOAL_SIDES for side in sides if side.key == key]
     return goals_side_by_side(out, goal_runs)
 
 
@@ -203,14 +204,15 @@ def ratios(runs: dict, sides: list[Side], c: int | None) -> dict:
     """Served tritonpack ÷ every other side measured (in-process peers at their batch, served peers at the same c);
     with the goals at c=8."""
     ours = next(side for side in sides if side.key == SERVED)
+    at_goal = c == goals.CONCURRENCY
     out = {}
     for side in sides:
         theirs = runs.get(task_name(side, c))
         if side is ours or theirs is None:  # a variant is measured on the mixed corpus only
             continue
-        out[side.key] = ratio_summary(runs[task_name(ours, c)], theirs, GOAL_RATIOS.get(side.key) if c == 8 else None)
+        out[side.key] = ratio_summary(runs[task_name(ours, c)], theirs, GOAL_RATIOS.get(side.key) if at_goal else None)
     torch_runs = [runs[key] for key in TORCH_BATCHES if key in runs]
-    if c == 8 and torch_runs:  # in each repetition, the faster of torch's batches that ran
+    if at_goal and torch_runs:  # in each repetition, the faster of torch's batches that ran
         faster = [max(repetition, key=lambda run: run.per_second) for repetition in zip(*torch_runs)]
         out[FASTER_TORCH] = ratio_summary(runs[task_name(ours, c)], faster, goals.SERVED_OVER_ST_TORCH_C8)
     return out
