@@ -449,12 +449,21 @@ resident = weights_file_mb()
 dropped = run.warmed()
 released = weights_file_mb()
 after = every_pack_length()
+after_mb = weights_file_mb()
+rng = np.random.default_rng(1)  # varied text: embedding rows from the whole vocabulary
+for _ in range(40):
+    run(packed_inputs([{"input_ids": rng.integers(1000, 30522, 64), "token_type_ids": np.zeros(64, np.int64)}]))
+rows_mb = weights_file_mb()
+run.unmap_file_pages()  # the model is idle
+idle_mb = weights_file_mb()
 print(json.dumps({"resident_mb": resident, "dropped_mb": dropped / 2**20, "released_mb": released,
-                  "after_mb": weights_file_mb(), "same": before == after}))
+                  "after_mb": after_mb, "same": before == after, "rows_mb": rows_mb, "idle_mb": idle_mb,
+                  "same_after_idle": every_pack_length() == before}))
 """
 
 
-def test_openvino_session_releases_the_weights_file_pages_of_its_matrices_when_warmed(packed_ir, sessions):
+def test_openvino_session_releases_the_weights_file_pages_of_its_matrices_when_warmed_and_of_its_rows_when_idle(
+        packed_ir, sessions):
     ir = packed_ir[1]["fp16"]
     matrix_mb = fp16_matrices_mb(ir)
     probe = run_probe(RELEASE_PROBE, sessions, ir)
@@ -465,6 +474,11 @@ def test_openvino_session_releases_the_weights_file_pages_of_its_matrices_when_w
     # kernel may map a whole large page-cache folio (up to a huge page) around a page the model does read, such as
     # an embedding row beside a matrix: seen as 2.0 MB back when the file's pages were cached by an earlier read().
     assert probe["after_mb"] - probe["released_mb"] < 0.5 + HUGE_PAGE_MB, probe
+    # Varied text maps embedding rows (2,560 of MiniLM's 30,522, each with its neighbours); idle, they are unmapped,
+    # and the embeddings read them back unchanged.
+    assert probe["rows_mb"] - probe["after_mb"] > 5, probe
+    assert probe["idle_mb"] < 0.1, probe
+    assert probe["same_after_idle"], "the embeddings changed after the rows were unmapped"
 
 
 def test_weights_file_releases_whole_pages_inside_spans_and_keeps_its_content(sessions, tmp_path):
@@ -481,6 +495,22 @@ def test_weights_file_releases_whole_pages_inside_spans_and_keeps_its_content(se
     np.testing.assert_array_equal(weights.array, content)  # read back from the file
 
 
+def test_weights_file_unmaps_every_page_it_maps_and_keeps_its_content(sessions, tmp_path):
+    import mmap
+
+    mapping_kb = sessions["openvino"].mapping_kb
+    path = tmp_path / "model.bin"
+    content = np.random.default_rng(2).integers(0, 256, 8 * mmap.PAGESIZE, dtype=np.uint8)
+    content.tofile(path)
+    weights = sessions["openvino"].WeightsFile(str(path))
+    assert int(weights.array.sum()) == int(content.sum())  # every page read in
+    address = weights.array.__array_interface__["data"][0]
+    assert mapping_kb(address, "Rss") == 8 * mmap.PAGESIZE // 1024
+    assert weights.unmap()
+    assert mapping_kb(address, "Rss") == 0
+    np.testing.assert_array_equal(weights.array, content)  # read back from the page cache
+
+
 def test_weights_file_releases_nothing_when_this_process_wrote_into_its_mapping(sessions, tmp_path):
     import mmap
 
@@ -489,6 +519,7 @@ def test_weights_file_releases_nothing_when_this_process_wrote_into_its_mapping(
     weights = sessions["openvino"].WeightsFile(str(path))
     weights.array[0] = 7  # a private copy of page 0, which the file does not hold
     assert weights.release([(0, 4 * mmap.PAGESIZE)]) == 0
+    assert not weights.unmap()
     assert weights.array[0] == 7
 
 

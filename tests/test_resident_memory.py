@@ -206,12 +206,14 @@ def test_heap_is_returned_once_per_quiet_spell_not_between_calls_that_keep_comin
         heap.close()
 
 
-def test_library_pages_go_after_the_longer_quiet_spell_only_and_never_while_a_call_runs(monkeypatch):
+def test_file_pages_go_after_the_longer_quiet_spell_only_and_never_while_a_call_runs(monkeypatch):
+    """The library pages, and with them the model's own (`also_unmap`: the encoder's embedding rows)."""
     releases = []
     monkeypatch.setattr(resident_memory, "return_freed_heap", lambda: releases.append(("heap", time.monotonic())))
     monkeypatch.setattr(resident_memory, "drop_load_only_file_pages",
                         lambda: releases.append(("pages", time.monotonic())))
-    released = resident_memory.ReleasedWhenIdle(idle_s=0.4, pages_idle_s=1.5)
+    released = resident_memory.ReleasedWhenIdle(idle_s=0.4, pages_idle_s=1.5,
+                                                also_unmap=lambda: releases.append(("rows", time.monotonic())))
     try:
         with released:
             pass
@@ -224,10 +226,10 @@ def test_library_pages_go_after_the_longer_quiet_spell_only_and_never_while_a_ca
         assert [kind for kind, _ in releases] == ["heap"], releases
         last_ended = time.monotonic()
         time.sleep(2.5)
-        assert [kind for kind, _ in releases] == ["heap", "heap", "pages"], releases
-        assert releases[-1][1] - last_ended >= 1.5 - 0.05, (releases, last_ended)
+        assert [kind for kind, _ in releases] == ["heap", "heap", "pages", "rows"], releases
+        assert releases[-2][1] - last_ended >= 1.5 - 0.05, (releases, last_ended)
         time.sleep(2.0)
-        assert len(releases) == 3, "released again with no call in between"
+        assert len(releases) == 4, "released again with no call in between"
     finally:
         released.close()
 

@@ -144,6 +144,42 @@ def test_served_encoder_released_its_matrix_weights_file_pages_when_every_pack_l
     assert released and float(released[0]) >= 19, f"MiniLM's matrices are 20.25 MB in fp16; {server.log_path}"
 
 
+def test_served_encoder_unmaps_the_embedding_rows_its_requests_mapped_once_idle(served, reference):
+    """OpenVINO gathers embedding rows from the weights file in place, so varied text maps its pages into the
+    encoder's stub (MiniLM's whole 23 MB table over time). Idle, the stub unmaps them with its library pages (the
+    page cache keeps them);
+    the next requests read back what they need and answer the same."""
+    import random
+    import time
+
+    from tritonpack.components import load_model_module
+
+    pages_idle_s = load_model_module("framework_runner", "resident_memory").PAGES_IDLE_S
+    server = served("bert")
+    encoder = next(pid for pid, model in server.stub_models().items() if model == "bert_encoder")
+    vocabulary = json.loads((server.model_repository / "bert_tokenizer/1/tokenizer.json").read_text())
+    words = [w for w in vocabulary["model"]["vocab"] if w.isalpha() and w.isascii()]
+    rng = random.Random(0)
+    embed(server.url, "bert", [" ".join(rng.sample(words, 100)) for _ in range(40)])
+    busy_mb = weights_file_resident_mb(encoder)
+    time.sleep(pages_idle_s + 2.0)
+    idle_mb = weights_file_resident_mb(encoder)
+    assert busy_mb > 5 and idle_mb < 0.5, (busy_mb, idle_mb)
+    assert_matches(embed(server.url, "bert", SENTENCES), reference)
+
+
+def weights_file_resident_mb(pid: int) -> float:
+    """Resident kB of process `pid`'s mappings of a `model.bin`, in MB."""
+    resident, in_weights = 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if not fields[0].endswith(":"):  # a mapping's header
+            in_weights = fields[-1].endswith("/model.bin")
+        elif in_weights and fields[0] == "Rss:":
+            resident += int(fields[1])
+    return resident / 1024
+
+
 def test_bert_serves_the_same_embeddings_when_tritonserver_runs_with_another_malloc_preloaded(build_ensemble,
                                                                                             reference):
     """Triton's release notes suggest LD_PRELOAD of jemalloc or tcmalloc against heap growth; the stubs inherit it,

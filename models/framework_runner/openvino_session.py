@@ -18,7 +18,8 @@ where one process per core held them once per process (docs/performance.md: on 2
 6 % less CPU per sentence than two single-threaded processes, and 13 % less than two streams, at less than half the
 memory), and in 16 bits where the file stores them so (`keep_weights_16bit`). The process maps an IR's weights file
 itself (`WeightsFile`), so that once every input shape has run (`warmed`) it can hand back the pages of the matrix
-weights, which the plugin then holds in layouts of its own.
+weights, which the plugin then holds in layouts of its own, and once the model is idle (`unmap_file_pages`) the
+pages its calls mapped since: the embedding rows their tokens read.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class WeightsFile:
     def release(self, spans: list[tuple[int, int]]) -> int:
         """Drop the whole pages inside `spans` from this mapping and from the page cache; the bytes dropped (0 when
         this process has written into the mapping)."""
-        if mapping_kb(self._address, "Anonymous"):  # kB of pages this process wrote
+        if self._written():
             return 0
         page, dropped = mmap.PAGESIZE, 0
         for start, size in spans:
@@ -139,6 +140,17 @@ class WeightsFile:
                 os.posix_fadvise(self._fd, low, high - low, os.POSIX_FADV_DONTNEED)
                 dropped += high - low
         return dropped
+
+    def unmap(self) -> bool:
+        """Unmap every page of the file from this process, keeping them in the page cache: a later read maps its page
+        back at a minor fault. False (nothing unmapped) when this process has written into the mapping."""
+        if self._written():
+            return False
+        self._map.madvise(mmap.MADV_DONTNEED)
+        return True
+
+    def _written(self) -> bool:
+        return mapping_kb(self._address, "Anonymous") > 0  # kB of private copies of pages this process wrote
 
 
 def _readers(node) -> list:
@@ -339,6 +351,14 @@ class OpenVinoSession:
         """Called once every input shape the runner sends has run on every infer request: the file pages of the
         matrix weights go back to the kernel (the plugin holds them in its own layouts now); the bytes dropped."""
         return self._weights.release(self._matrix_weights) if self._weights else 0
+
+    def unmap_file_pages(self) -> None:
+        """Called once the model is idle (resident_memory.ReleasedWhenIdle): the weights file's pages that calls mapped
+        go back to the page cache. They are the embedding rows the calls' tokens read (OpenVINO gathers them from the
+        file in place), each mapped with its neighbours: MiniLM's whole 23 MB table under varied text. The next call
+        maps back the rows it reads (docs/performance.md, fifty-third round)."""
+        if self._weights:
+            self._weights.unmap()
 
     def map(self, calls: list[dict[str, np.ndarray]], shortest: list[int] | None = None) -> list[dict[str, np.ndarray]]:
         shortest = shortest or [0] * len(calls)

@@ -20,6 +20,7 @@ import importlib
 import json
 import os
 import threading
+from collections.abc import Callable
 from contextlib import nullcontext
 
 import numpy as np
@@ -76,7 +77,8 @@ class FrameworkRunnerModel:
     released_when_idle = nullcontext()  # initialize starts a ReleasedWhenIdle; none in a runner set up in-process
 
     def initialize(self, args):
-        self.released_when_idle = ReleasedWhenIdle(also_release=self._release_cached_device_memory)
+        self.released_when_idle = ReleasedWhenIdle(also_release=self._session_hook("release_cached_memory"),
+                                                   also_unmap=self._session_hook("unmap_file_pages"))
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         folder = os.path.join(args["model_repository"], args["model_version"])
@@ -119,9 +121,12 @@ class FrameworkRunnerModel:
         else:
             drop_load_only_file_pages()
 
-    def _release_cached_device_memory(self):
-        if release := getattr(self.session, "release_cached_memory", None):  # a call has ended: there is a session
-            release()
+    def _session_hook(self, name: str) -> Callable[[], None]:
+        """A call of the session's `name` (release_cached_memory, unmap_file_pages): nothing where it has none."""
+        def call() -> None:
+            if hook := getattr(self.session, name, None):  # a call has ended: there is a session
+                hook()
+        return call
 
     def _check_reference(self, path: str, params: dict[str, str], reference_path: str):
         """Embed the build's reference texts and compare with the embeddings the build computed with PyTorch. The CPU
