@@ -147,8 +147,7 @@ def test_served_encoder_released_its_matrix_weights_file_pages_when_every_pack_l
 def test_served_encoder_unmaps_the_embedding_rows_its_requests_mapped_once_idle(served, reference):
     """OpenVINO gathers embedding rows from the weights file in place, so varied text maps its pages into the
     encoder's stub (MiniLM's whole 23 MB table over time). Idle, the stub unmaps them with its library pages (the
-    page cache keeps them);
-    the next requests read back what they need and answer the same."""
+    page cache keeps them); the next requests read back what they need and answer the same."""
     import random
     import time
 
@@ -169,7 +168,7 @@ def test_served_encoder_unmaps_the_embedding_rows_its_requests_mapped_once_idle(
 
 
 def weights_file_resident_mb(pid: int) -> float:
-    """Resident kB of process `pid`'s mappings of a `model.bin`, in MB."""
+    """MB resident in process `pid`'s mappings of a `model.bin`."""
     resident, in_weights = 0, False
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         fields = line.split()
