@@ -153,7 +153,11 @@ def test_served_encoder_unmaps_the_embedding_rows_its_requests_mapped_once_idle(
 
     from tritonpack.components import load_model_module
 
-    pages_idle_s = load_model_module("framework_runner", "resident_memory").PAGES_IDLE_S
+    resident_memory = load_model_module("framework_runner", "resident_memory")
+
+    def weights_file_resident_mb(pid: int) -> float:
+        return sum(m.kb["Rss"] for m in resident_memory.mappings(pid) if m.path.endswith("/model.bin")) / 1024
+
     server = served("bert")
     encoder = next(pid for pid, model in server.stub_models().items() if model == "bert_encoder")
     vocabulary = json.loads((server.model_repository / "bert_tokenizer/1/tokenizer.json").read_text())
@@ -161,22 +165,10 @@ def test_served_encoder_unmaps_the_embedding_rows_its_requests_mapped_once_idle(
     rng = random.Random(0)
     embed(server.url, "bert", [" ".join(rng.sample(words, 100)) for _ in range(40)])
     busy_mb = weights_file_resident_mb(encoder)
-    time.sleep(pages_idle_s + 2.0)
+    time.sleep(resident_memory.PAGES_IDLE_S + 2.0)
     idle_mb = weights_file_resident_mb(encoder)
     assert busy_mb > 5 and idle_mb < 0.5, (busy_mb, idle_mb)
     assert_matches(embed(server.url, "bert", SENTENCES), reference)
-
-
-def weights_file_resident_mb(pid: int) -> float:
-    """MB resident in process `pid`'s mappings of a `model.bin`."""
-    resident, in_weights = 0, False
-    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
-        fields = line.split()
-        if not fields[0].endswith(":"):  # a mapping's header
-            in_weights = fields[-1].endswith("/model.bin")
-        elif in_weights and fields[0] == "Rss:":
-            resident += int(fields[1])
-    return resident / 1024
 
 
 def test_bert_serves_the_same_embeddings_when_tritonserver_runs_with_another_malloc_preloaded(build_ensemble,

@@ -135,9 +135,10 @@ class Mapping(NamedTuple):
     kb: dict[str, int]
 
 
-def mappings() -> list[Mapping]:
+def mappings(pid: int | str = "self") -> list[Mapping]:
+    """The mappings of process `pid` (this one by default), from /proc/<pid>/smaps."""
     found = []
-    with open("/proc/self/smaps") as smaps:
+    with open(f"/proc/{pid}/smaps") as smaps:
         for line in smaps:
             fields = line.split()
             if fields[0].endswith(":"):
