@@ -192,12 +192,22 @@ def _damaged(data: bytes, damage: str) -> bytes:
         return data[:-8] + bytes(4) + data[-4:]
     if damage == "block_type":  # the first deflate block (after gzip's 10-byte header) claims the reserved type 3
         return data[:10] + bytes([data[10] | 0b110]) + data[11:]
+    if damage == "appended":
+        return data + b"garbage"
+    if damage == "second_member":  # two tarballs joined: gzip reads on into the second, where tar finds data
+        return data + data
     return data[:len(data) // 2]  # truncated
 
 
 @pytest.mark.parametrize(("damage", "reason"), [
-    ("content", "CRC check failed"), ("crc", "CRC check failed"), ("block_type", "corrupt gzip data: "),
-    ("truncated", "Compressed file ended before the end-of-stream marker was reached")])
+    ("content", "not a readable tar or tar.gz: CRC check failed"),
+    ("crc", "not a readable tar or tar.gz: CRC check failed"),
+    ("block_type", "not a readable tar or tar.gz: corrupt gzip data: "),
+    ("truncated", "not a readable tar.gz: its gzip data ends before the end-of-stream marker (a download or copy "
+                  "cut short)"),
+    ("appended", "not a readable tar.gz: the last 7 bytes follow the end of its gzip data and are not gzip (a file "
+                 "appended to, or two files joined)"),
+    ("second_member", "not a readable tar or tar.gz: data after the end of the archive")])
 def test_corrupt_gzip_is_refused_and_nothing_extracted_when_the_tar_inside_still_parses(tmp_path, damage, reason):
     text = b"".join(b"line %d of a model file\n" % i for i in range(20000))
     good = make_tar(tmp_path / "good.tar.gz", GOOD + [member("m/1/weights.txt", text)])
@@ -205,10 +215,11 @@ def test_corrupt_gzip_is_refused_and_nothing_extracted_when_the_tar_inside_still
     bad.write_bytes(_damaged(good.read_bytes(), damage))
     [problem] = archive_problems(bad)
     assert (problem.file, problem.field) == ("bad.tar.gz", "archive")
-    assert problem.reason.startswith(f"not a readable tar or tar.gz: {reason}")
+    assert problem.reason.startswith(reason)
     with pytest.raises(ArchiveError) as refused:  # also when the caller's scan passed (the file changed since)
         safe_extract(bad, tmp_path / "out" / "model", prechecked=True)
     assert [(p.file, p.field) for p in refused.value.problems] == [("bad.tar.gz", "archive")]
+    assert refused.value.problems[0].reason.startswith(reason)
     assert list((tmp_path / "out").iterdir()) == []
 
 
