@@ -103,7 +103,10 @@ def build_plan(onnx_path: Path, plan_path: Path, profiles: list[ShapeProfile], f
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from tritonpack.cli import Parser
+
+    parser = Parser(prog="python -m tritonpack.build.build_tensorrt", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("onnx", type=Path)
     parser.add_argument("plan", type=Path)
     parser.add_argument("--profile", action="append", type=ShapeProfile.parse, required=True)
@@ -118,4 +121,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from tritonpack.cli import run_script
+
+    sys.exit(run_script(main))

@@ -168,7 +168,10 @@ def export(out_dir: Path, graphdef: str | None = None, onnx: bool = False) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from tritonpack.cli import Parser
+
+    parser = Parser(prog="python -m tritonpack.build.export_inception", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--graphdef", help="frozen TF-slim graph, e.g. inception_v3_2016_08_28_frozen.pb")
     parser.add_argument("--onnx", action="store_true", help="also write model.onnx (tf2onnx)")
@@ -178,4 +181,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from tritonpack.cli import run_script
+
+    sys.exit(run_script(main))

@@ -152,7 +152,10 @@ def export(out_dir: Path, weights: str | None = None, opset: int = 17,
     print(f"exported ResNet-50 ({origin}): max rel diff {diffs}")
     return paths
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from tritonpack.cli import Parser
+
+    parser = Parser(prog="python -m tritonpack.build.export_resnet50", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--weights")
     parser.add_argument("--opset", type=int, default=17)
@@ -162,4 +165,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from tritonpack.cli import run_script
+
+    sys.exit(run_script(main))

@@ -502,7 +502,10 @@ def _stored_weights(model: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from tritonpack.cli import Parser
+
+    parser = Parser(prog="python -m tritonpack.build.export_text_encoder", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--torchscript", action="store_true", help="write model.pt instead of model.onnx")
@@ -514,4 +517,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from tritonpack.cli import run_script
+
+    sys.exit(run_script(main))

@@ -59,7 +59,10 @@ def serialize(recipe_name: str, out_dir: Path, max_batch_size: int, threads: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from tritonpack.cli import Parser
+
+    parser = Parser(prog="python -m tritonpack.build.serialize_dali", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe")
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--max-batch-size", type=int, default=128)
@@ -71,4 +74,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from tritonpack.cli import run_script
+
+    sys.exit(run_script(main))

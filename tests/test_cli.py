@@ -77,11 +77,15 @@ def test_cli_infer_sends_a_file_longer_than_the_models_batch_in_requests_it_take
 @pytest.mark.server
 def test_cli_infer_says_in_one_line_that_a_model_does_not_take_text(served, capsys):
     server = served("bert")
-    encoder = next(name for name in served_models(server) if "encoder" in name)  # takes token ids
-    assert main(["infer", "text", "--url", server.url, "--model", encoder]) == 2
-    (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith(f"error: {encoder!r} at {server.url} takes ") and line.endswith(
-        ", not one text input: `infer` sends text to an embedding ensemble (e.g. `make ensemble NAME=bert`)"), line
+    for step in ("encoder", "tokenizer"):  # takes token ids; takes text, answers token ids
+        model = next(name for name in served_models(server) if step in name)
+        assert main(["infer", "text", "--url", server.url, "--model", model]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"error: {model!r} at {server.url} takes ") and line.endswith(
+            ": `infer` sends one text input and reads an FP32 embedding, as an embedding ensemble does (e.g. `make "
+            "ensemble NAME=bert`)"), line
+        assert " and answers " in line
+    assert "(FP32)" not in line  # the tokenizer answers token ids: no embedding
 
 
 def test_cli_prints_one_line_and_exits_2_when_the_user_asks_for_something_invalid():
@@ -172,7 +176,20 @@ MISTAKES = {  # argv → what the one line says; each used to end in a traceback
                             "error: '24' is not a Triton container release: write YY.MM, e.g. 24.09"),
     "env python malformed": (["build", "bert", "--target", "portable", "--env-python", "3"],
                              "error: --env-python '3': write the Python minor version, e.g. 3.10"),
-    "envs folder is a file": (["env", "text", "--out", "{file}"], "error: {file}: File exists"),
+    # the environment was packed for 3.10 and the manifest said 23.03-24.11, without a word
+    "container and env python disagree": (["build", "bert", "--target", "portable", "--container", "25.01",
+                                           "--env-python", "3.10"],
+                                          "error: --container 25.01 runs Python 3.12 and --env-python 3.10 asks for "
+                                          "another: give one of them"),
+    "envs for two Pythons": (["env", "text", "--container", "25.01", "--python", "3.10", "--out", "{tmp}/envs"],
+                             "error: --container 25.01 runs Python 3.12 and --python 3.10 asks for another"),
+    # `check` took 24.9 for 24.09, where `deploy --triton-version` refused it
+    "container month of one digit": (["check", "{tmp}", "--container", "24.9"],
+                                     "error: '24.9' is not a Triton container release: write YY.MM, e.g. 24.09"),
+    "envs folder is a file": (["env", "text", "--out", "{file}"],
+                              "error: --out {file}: a file; --out takes a folder (made where it is not there)"),
+    "dist folder is a file": (["build", "bert", "--target", "portable", "--dist", "{file}"],
+                              "error: --dist {file}: a file; --dist takes a folder (made where it is not there)"),
     "check the dist folder": (["check", "{tmp}"], "holds 1 built repositories and tarballs, not one repository; "
                                                  "check one: `tritonpack check {tmp}/bert-portable.tar.gz`"),
     "serve a tarball": (["serve", "{file}"], "error: {file} is a file: `serve` takes a repository folder"),
@@ -182,9 +199,9 @@ MISTAKES = {  # argv → what the one line says; each used to end in a traceback
                                        "own, or 0 for a free one"),
     "mme models is a file": (["mme", "--models", "{file}"], "error: --models {file}: a file; --models takes the "
                                                             "folder holding the tarballs"),
-    "mme container python missing": (["mme", "--models", "{tmp}", "--container-python", "3.99"],
-                                     "error: the local Triton runs the Python 3.99 stub with a local python3.99, and "
-                                     "there is none: install it (e.g. `pyenv install 3.99`)"),
+    "plan compute capability": (["build", "resnet_trt", "--target", "gpu", "--plan", "86={file}"],
+                                "error: --plan 86={file}: write the compute capability as MAJOR.MINOR, e.g. --plan "
+                                "8.6={file}"),
     "gpu without tensorrt": (["build", "resnet_trt", "--target", "gpu"],  # before the ONNX export it would build
                              "error: TensorRT is not installed"),
     "deploy version": (["deploy", "--name", "e", "--model-data-url", "s3://b/p/", "--role", "r", "--dry-run",
@@ -207,7 +224,7 @@ def test_cli_prints_one_line_and_exits_2_for_each_user_mistake(mistake, tmp_path
         fill["file"].write_bytes("café\n".encode("latin-1"))
     elif mistake != "serve a folder of no models":
         fill["file"].write_text("")
-    if argv[0] == "build":
+    if argv[0] == "build" and "--dist" not in argv:
         argv += ["--dist", str(tmp_path / "dist")]
     assert main(argv) == 2
     err = capsys.readouterr().err.splitlines()
@@ -222,12 +239,46 @@ def test_cli_prints_one_line_and_exits_2_for_each_user_mistake(mistake, tmp_path
     (["upload", "a.tar.gz", "s3://b/p/", "--endpoint-url", "notaurl"], "write the endpoint as http://"),
     (["check", "dist/bert-portable", "--python", "2"], "write the Python minor version as X.Y"),
     (["mme", "--models", "dist", "--container-python", "310"], "write the Python minor version as X.Y"),
+    # it was taken, and pip spent minutes building numpy from source for it
+    (["mme", "--models", "dist", "--container-python", "3.13"], "argument --container-python: no Triton container "
+     "runs Python 3.13: theirs are 3.6 (20.03-20.11), 3.8 (20.12-23.02), 3.10 (23.03-24.11), 3.12 (24.12+)"),
 ])
-def test_cli_refuses_a_malformed_option_value_in_its_usage_line(argv, said, capsys):
+def test_cli_refuses_a_malformed_option_value_in_one_line(argv, said, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2
-    assert said in capsys.readouterr().err.splitlines()[-1]
+    [line] = capsys.readouterr().err.splitlines()  # argparse printed its whole usage block first
+    assert line.startswith(f"error: tritonpack {argv[0]}: ") and said in line
+    assert line.endswith(f"`tritonpack {argv[0]} --help` lists the options")
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["build", "bertt"], "error: tritonpack build: argument name: invalid choice: 'bertt' (choose from 'bert', "
+                         "'bert_pt', 'dali_inception', 'resnet_pt', 'resnet_trt'); did you mean 'bert'? "
+                         "`tritonpack build --help` lists the options"),
+    (["biuld", "bert"], "error: tritonpack: argument command: invalid choice: 'biuld' (choose from 'build', 'serve', "
+                        "'infer', 'bench', 'mme', 'check', 'env', 'upload', 'deploy'); did you mean 'build'? "
+                        "`tritonpack --help` lists the options"),
+    (["serve"], "error: tritonpack serve: the following arguments are required: repository; `tritonpack serve "
+                "--help` lists the options"),
+])
+def test_cli_says_a_mistyped_name_or_a_missing_argument_in_one_line_with_the_closest_choice(argv, said):
+    result = run_cli(*argv)
+    assert (result.returncode, result.stderr.splitlines()) == (2, [said])
+
+
+def test_build_scripts_say_the_users_mistakes_in_one_line():
+    # `make ensemble` is the usual way in; README also shows the standalone scripts (`python -m tritonpack.build.…`)
+    missing = subprocess.run([sys.executable, "-m", "tritonpack.build.export_text_encoder", "/nonexistent", "out"],
+                             capture_output=True, text=True, timeout=120)
+    assert (missing.returncode, missing.stderr.splitlines()) == (
+        2, ["error: /nonexistent/modules.json: missing, which a sentence-transformers folder has"])
+    usage = subprocess.run([sys.executable, "-m", "tritonpack.build.export_text_encoder"], capture_output=True,
+                           text=True, timeout=120)
+    assert usage.returncode == 2
+    assert usage.stderr.splitlines() == [
+        "error: python -m tritonpack.build.export_text_encoder: the following arguments are required: model_dir, "
+        "out_dir; `python -m tritonpack.build.export_text_encoder --help` lists the options"]
 
 
 def test_cli_bench_passes_what_follows_the_double_dash_to_the_benchmarks(capfd):

@@ -93,15 +93,23 @@ def test_stock_site_says_in_one_line_what_pip_could_not_install_and_leaves_nothi
 
     monkeypatch.setattr(envpack, "stock_numpy", lambda: "numpy==1.26.4 ; not a marker")
     with pytest.raises(EnvError, match=rf"^the container's Python has numpy, and pip could not make "
-                                       rf"numpy==1\.26\.4 ; not a marker for {sys.executable} \(.+\): reach the "
-                                       r"package index once \(pip caches it\), or serve with --container-python "
-                                       r"local$") as raised:
+                                       rf"numpy==1\.26\.4 ; not a marker for {sys.executable} \(.+\): serve with "
+                                       r"--container-python local$") as raised:
         envpack.stock_site(Path(sys.executable), tmp_path / "site")
     assert "\n" not in str(raised.value)
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(EnvError, match=r"^the container's Python has numpy, and venv could not make numpy==1\.26\.4 "
                                        r"; not a marker for /bin/false \(exit status 1\)"):
         envpack.stock_site(Path("/bin/false"), tmp_path / "site")
+    assert list(tmp_path.iterdir()) == []
+    # only where pip found no version at all (no index reached, nothing cached) is the index the fix
+    monkeypatch.setattr(envpack, "stock_numpy", lambda: "tritonpack-not-a-package==1.0")
+    for key, value in {"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0", "PIP_TIMEOUT": "1"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(EnvError, match=r"\(ERROR: No matching distribution found for tritonpack-not-a-package==1\.0\): "
+                                       r"reach the package index once \(pip caches it\), or serve with "
+                                       r"--container-python local$"):
+        envpack.stock_site(Path(sys.executable), tmp_path / "site")
     assert list(tmp_path.iterdir()) == []
 
 

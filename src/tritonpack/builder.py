@@ -8,6 +8,7 @@ repository and its reproducible MME tarball are written with a manifest.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from tritonpack import ensembles
 from tritonpack.assembly import assemble
 from tritonpack.cache import ArtifactCache
 from tritonpack.components import TARGETS
-from tritonpack.containers import DEFAULT_CONTAINER, PYTHON_MINOR, container_python
+from tritonpack.containers import DEFAULT_CONTAINER, PYTHON_MINOR, container_python, environment_python
 from tritonpack.contracts import IoNames
 from tritonpack.env import attach_environment, manifest_fields
 from tritonpack.envpack import with_bytecode
@@ -37,7 +38,7 @@ class BuildRequest:
     # The MME tarball carries one packed environment for its python models, for the Python of `container` (a
     # Triton container release) or `env_python`; `env=False`: none (the server's Python must provide them).
     env: bool = True
-    container: str = DEFAULT_CONTAINER
+    container: str | None = None  # None: DEFAULT_CONTAINER, where env_python may differ from its Python
     env_python: str | None = None
     io_names: IoNames | None = None  # rename the ensemble's public input and output (e.g. INPUT0:OUTPUT0)
     # TensorRT plans built elsewhere: (compute capability or "" for the default model.plan, path); gpu target only
@@ -54,6 +55,10 @@ class BuildRequest:
         object.__setattr__(self, "plans", tuple((str(k), str(v)) for k, v in dict(self.plans).items()))
         if self.plans and self.target != "gpu":
             raise SpecError(f"--plan: TensorRT plans are for the gpu target, not {self.target}")
+        for cc, path in self.plans:
+            if cc and not re.fullmatch(r"\d+\.\d+", cc):
+                raise SpecError(f"--plan {cc}={path}: write the compute capability as MAJOR.MINOR, e.g. --plan "
+                                f"8.6={path}")
         if self.target not in recipe.targets:
             raise SpecError(f"{self.name} has no {self.target} target; it has {', '.join(recipe.targets)}")
         text = isinstance(recipe, ensembles.TextRecipe)
@@ -67,7 +72,9 @@ class BuildRequest:
             raise SpecError(f"--weights {self.weights}: no such file or folder")
         if self.env_python is not None and not PYTHON_MINOR.fullmatch(self.env_python):
             raise SpecError(f"--env-python {self.env_python!r}: write the Python minor version, e.g. 3.10")
-        container_python(self.container)  # a malformed or unknown release is refused before anything is built
+        # a malformed or unknown release, or one whose Python is not --env-python, is refused before anything is built
+        environment_python(self.container, self.env_python, "--env-python")
+        object.__setattr__(self, "container", self.container or DEFAULT_CONTAINER)  # what the manifest records
 
     @property
     def slug(self) -> str:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import importlib
 import itertools
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -16,6 +18,7 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 from tritonpack.aws import endpoint_url
 from tritonpack.containers import DEFAULT_CONTAINER
@@ -308,11 +311,23 @@ def port_number(text: str) -> int:
     return int(text)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, saying a mistake on the command line in one line: what was wrong, the closest choice where
+    a name was mistyped, and where the options are listed (argparse prints its whole usage block first)."""
+
+    def error(self, message: str) -> NoReturn:
+        mistyped = re.search(r"invalid choice: '?(.+?)'? \(choose from (.+)\)$", message)
+        close = mistyped and difflib.get_close_matches(
+            mistyped[1], [choice.strip("'") for choice in mistyped[2].split(", ")], n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        self.exit(2, f"error: {self.prog}: {message}; {hint}`{self.prog} --help` lists the options\n")
+
+
 def parser() -> argparse.ArgumentParser:
     from tritonpack.components import TARGETS
     from tritonpack.ensembles import NAMES
 
-    p = argparse.ArgumentParser(prog="tritonpack", description=__doc__)
+    p = Parser(prog="tritonpack", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="build a versioned Triton repository and its MME tarball into dist/")
@@ -333,7 +348,7 @@ def parser() -> argparse.ArgumentParser:
                    help="rename the ensemble's public input and output, e.g. INPUT0:OUTPUT0 for the AWS notebooks' "
                         "client code (default TEXT:EMBEDDING / IMAGE:SCORES)")
     b.add_argument("--model-format", help="dali_inception: graphdef (default; Triton <= 25.02) or onnx (any Triton)")
-    b.add_argument("--container", default=DEFAULT_CONTAINER,
+    b.add_argument("--container",
                    help=f"the Triton container release the MME tarball is for: its packed environment is built for "
                         f"that container's Python (default {DEFAULT_CONTAINER}, the current SageMaker Triton image)")
     b.add_argument("--env-python", help="the target Python instead of --container's, e.g. 3.11 (the local stub's)")
@@ -389,8 +404,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    return said_in_one_line(lambda: args.func(args), args)
+
+
+def run_script(main: Callable[[], int]) -> int:
+    """The exit status of a standalone script's `main` (`python -m tritonpack.build.…`), its errors said as the
+    command line says them."""
+    return said_in_one_line(main, argparse.Namespace())
+
+
+def said_in_one_line(call: Callable[[], int], args: argparse.Namespace) -> int:
     try:
-        return args.func(args)
+        return call()
     except UserError as e:  # the user's to fix: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -423,6 +448,8 @@ def environment_limit(e: OSError, args: argparse.Namespace) -> str | None:
     if e.errno == errno.EROFS or isinstance(e, PermissionError) and in_output:
         elsewhere = f", or write elsewhere with {option} FOLDER" if output else ""
         return f"cannot write {existing_above(written)}: {e.strerror.lower()}; make it writable{elsewhere}"
+    if isinstance(e, (FileExistsError, NotADirectoryError)) and output is not None and output.is_file():
+        return f"{option} {output}: a file; {option} takes a folder (made where it is not there)"
     if isinstance(e, (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)):
         return f"{e.filename}: {e.strerror}"  # a path given that is not there or not ours
     return None

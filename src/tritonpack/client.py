@@ -89,9 +89,10 @@ def text_contract(client, model: str, address: str) -> tuple[contracts.IoNames, 
     texts = [t["name"] for t in metadata["inputs"] if t["datatype"] == "BYTES"]
     vectors = [t["name"] for t in metadata["outputs"] if t["datatype"] == "FP32"]
     if len(metadata["inputs"]) != 1 or not texts or not vectors:
-        takes = ", ".join(f"{t['name']} ({t['datatype']})" for t in metadata["inputs"])
-        raise UserError(f"{model!r} at {address} takes {takes}, not one text input: `infer` sends text to an "
-                        f"embedding ensemble (e.g. `make ensemble NAME=bert`)")
+        takes, answers = (", ".join(f"{t['name']} ({t['datatype']})" for t in metadata[side])
+                          for side in ("inputs", "outputs"))
+        raise UserError(f"{model!r} at {address} takes {takes} and answers {answers}: `infer` sends one text input "
+                        f"and reads an FP32 embedding, as an embedding ensemble does (e.g. `make ensemble NAME=bert`)")
     output = contracts.TEXT.output if contracts.TEXT.output in vectors else vectors[0]
     max_batch_size = client.get_model_config(model).get("max_batch_size", 0)
     return contracts.IoNames(texts[0], output), max_batch_size or 2**31  # 0: no batching, one request

@@ -95,7 +95,7 @@ def python_minor(text: str) -> str:
 
 def version_key(version: str) -> tuple[int, int]:
     """(major, minor) of a Triton container release such as `24.09`."""
-    if not re.fullmatch(r"\d+\.\d+", version):
+    if not re.fullmatch(r"\d\d\.\d\d", version):
         raise EnvError(f"{version!r} is not a Triton container release: write YY.MM, e.g. {DEFAULT_CONTAINER}")
     major, minor = version.split(".")
     return int(major), int(minor)
@@ -108,6 +108,16 @@ def container_python(container: str) -> str:
         if version_key(first) <= key <= version_key(last):
             return python
     raise EnvError(f"unknown Triton container {container!r}; known from {CONTAINER_PYTHON[0][0]}")
+
+
+def environment_python(container: str | None, python: str | None, python_option: str) -> str:
+    """The Python a packed environment is made for: `python` where given, else `container`'s (the default
+    container's where neither is); refused in one line where both are given and disagree."""
+    if python and container and container_python(container) != python:
+        raise UserError(f"--container {container} runs Python {container_python(container)} and {python_option} "
+                        f"{python} asks for another: give one of them ({python_option} is for a Python no container "
+                        f"runs, such as the local stub's)")
+    return python or container_python(container or DEFAULT_CONTAINER)
 
 
 def stub_needs_numpy1(container: str) -> bool:
@@ -148,7 +158,7 @@ def manifest_container(manifest: dict | None) -> str | None:
     """The Triton container release a build's manifest says it was built for, when it says so well-formed."""
     built = (manifest or {}).get("build")
     release = built.get("container") if isinstance(built, dict) else None
-    return release if isinstance(release, str) and re.fullmatch(r"\d+\.\d+", release) else None
+    return release if isinstance(release, str) and re.fullmatch(r"\d\d\.\d\d", release) else None
 
 
 def built_for(repository: Path) -> str:

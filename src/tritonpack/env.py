@@ -20,8 +20,8 @@ from tritonpack.components import ModelFolder, module_imports
 from tritonpack.containers import (
     CONTAINER_PYTHON,
     DEFAULT_CONTAINER,
-    container_python,
     containers_for,
+    environment_python,
     python_minor,
     version_key,
 )
@@ -161,7 +161,7 @@ def add_command(subparsers) -> None:
     e.add_argument("--python", type=python_minor,
                    help=f"the target Python minor version instead of --container's (e.g. {PYTHON_VERSION}, the "
                         f"local stub's)")
-    e.add_argument("--container", default=DEFAULT_CONTAINER,
+    e.add_argument("--container",
                    help=f"Triton container release whose Python the environments are for (default {DEFAULT_CONTAINER}, "
                         f"as `build`)")
     e.add_argument("--method", choices=("conda-pack", "venv-pack"), help=f"default here: {packer()}")
@@ -171,7 +171,7 @@ def add_command(subparsers) -> None:
 
 
 def cmd_env(args) -> int:
-    python = args.python or container_python(args.container)
+    python = environment_python(args.container, args.python, "--python")
     wanted = args.names or ["text", "openvino", "onnx"]
     for names in wanted:  # a misspelt name is said before anything is written
         EnvSpec.load(tuple(names.split("+")))

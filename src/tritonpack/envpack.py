@@ -292,9 +292,11 @@ def stock_site(interpreter: Path, prefix: Path) -> Path:
             done = subprocess.run(step, capture_output=True, text=True)
             if done.returncode != 0:
                 said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+                # pip lists no version at all where it reached neither the index nor a cached one
+                reach = "reach the package index once (pip caches it), or " \
+                    if "(from versions: none)" in done.stderr else ""
                 raise EnvError(f"the container's Python has numpy, and {step[2]} could not make {requirement} "
-                               f"for {interpreter} ({said}): reach the package index once (pip caches it), or "
-                               f"serve with --container-python local")
+                               f"for {interpreter} ({said}): {reach}serve with --container-python local")
         (staging / marker.name).write_text(requirement)
         if not made():  # else another server made it meanwhile, and may be using it
             shutil.rmtree(prefix, ignore_errors=True)  # another requirement's, or one a crash left half made

@@ -3,13 +3,22 @@ no new connections, calls in flight finish (up to --drain-seconds), tritonserver
 
 from __future__ import annotations
 
+import argparse
 import logging
 import re
 import sys
 from pathlib import Path
 
 from tritonpack.aws import endpoint_url
-from tritonpack.containers import ADDITIONAL_ARGS, AUTO, CONTAINER_ENVIRONMENT, parse_environment, python_minor
+from tritonpack.containers import (
+    ADDITIONAL_ARGS,
+    AUTO,
+    CONTAINER_ENVIRONMENT,
+    CONTAINER_PYTHON,
+    containers_for,
+    parse_environment,
+    python_minor,
+)
 from tritonpack.errors import UserError
 from tritonpack.mme.request_guard import MAX_PAYLOAD_BYTES
 
@@ -27,8 +36,14 @@ def parse_bytes(text: str) -> int:
 
 
 def container_python_option(text: str) -> str:
-    """`--container-python`'s value (argparse type): auto, local or a Python minor version."""
-    return text if text in (AUTO, LOCAL) else python_minor(text)
+    """`--container-python`'s value (argparse type): auto, local or the Python minor version of a container."""
+    if text in (AUTO, LOCAL):
+        return text
+    if not containers_for(python_minor(text)):
+        known = ", ".join(f"{python} ({', '.join(containers_for(python))})"
+                          for python in dict.fromkeys(python for _, _, python in CONTAINER_PYTHON))
+        raise argparse.ArgumentTypeError(f"no Triton container runs Python {text}: theirs are {known}")
+    return text
 
 
 def cmd_mme(args) -> int:
