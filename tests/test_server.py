@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import ipaddress
+import contextlib
 import os
 import re
 import shutil
@@ -43,17 +43,8 @@ def test_server_leaves_no_process_when_stopped_after_serving(build_ensemble):
 
 
 def listening_addresses(port: int) -> set[str]:
-    """The local addresses sockets listen on at `port` (/proc/net/tcp and tcp6: state 0A is LISTEN)."""
-    found = set()
-    for table in ("tcp", "tcp6"):
-        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
-            local, state = line.split()[1], line.split()[3]
-            address, hex_port = local.split(":")
-            if state == "0A" and int(hex_port, 16) == port:
-                packed = b"".join(bytes.fromhex(address[i:i + 8])[::-1] for i in range(0, len(address), 8))
-                ip = ipaddress.ip_address(packed)
-                found.add(str(getattr(ip, "ipv4_mapped", None) or ip))
-    return found
+    """The local addresses sockets listen on at `port`."""
+    return {listener.address for listener in proc.listeners(port)}
 
 
 def test_server_listens_on_loopback_only_when_started(tmp_path):
@@ -215,18 +206,72 @@ def test_server_says_in_one_line_which_port_is_taken_when_another_process_holds_
     shutil.rmtree(server.log_path.parent)
 
 
-def test_serve_names_the_fix_in_one_line_when_the_http_port_asked_for_is_taken(tmp_path, capsys):
-    """33 lines (Triton's error, then 30 of its log) and no word of what to do."""
-    from tritonpack.cli import main
-
-    repository = python_model_repository(tmp_path / "repo", "m")
+@contextlib.contextmanager
+def listening_socket():
+    """The port of a plain socket listening on loopback."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = taken.getsockname()[1]
+        yield taken.getsockname()[1]
+
+
+def test_server_is_not_ready_when_another_tritonserver_answers_on_its_port(tmp_path):
+    """The other server's readiness on the HTTP port was taken for this one's: start() returned, and this one exited
+    with 1 ("already in use") a moment later."""
+    from tritonpack.server import PortInUse
+
+    repository = python_model_repository(tmp_path / "repo", "m")
+    (tmp_path / "empty").mkdir()
+    with TritonServer(tmp_path / "empty") as other:
+        for option in ("http_port", "metrics_port"):
+            server = TritonServer(repository, **{option: getattr(other, option)}, startup_timeout_s=60)
+            with pytest.raises(PortInUse) as error:
+                server.start()
+            assert error.value.port == getattr(other, option)
+            assert server.process_group_pids() == []
+            shutil.rmtree(server.log_path.parent)
+
+
+def test_serve_says_in_one_line_which_port_is_taken_when_a_socket_or_another_tritonserver_holds_it(tmp_path,
+                                                                                                     capsys):
+    """A second `serve` on the first one's --http-port said "ready" (the first one answered), then "error:
+    tritonserver exited with 1", naming no port; a plain socket got the one line."""
+    from tritonpack.cli import main
+
+    repository = python_model_repository(tmp_path / "repo", "m")
+    (tmp_path / "empty").mkdir()
+    with TritonServer(tmp_path / "empty") as other, listening_socket() as plain:
+        taken = [("--http-port", plain), ("--http-port", other.http_port), ("--grpc-port", other.grpc_port),
+                 ("--metrics-port", other.metrics_port)]
+        for option, port in taken:
+            assert main(["serve", str(repository), option, str(port)]) == 2
+            out, err = capsys.readouterr()
+            assert out == ""  # neither "starting" nor "ready": no tritonserver started
+            assert err.splitlines() == [f"error: {option} {port} is taken by another process: choose another "
+                                        f"{option}, or 0 for a free one"]
+    assert serving(repository) == []
+
+
+@pytest.mark.parametrize("holder", ["socket", "tritonserver"])
+def test_serve_names_the_fix_in_one_line_when_the_http_port_is_taken_after_its_check(holder, tmp_path, capsys,
+                                                                                       monkeypatch):
+    """Taken between the check and tritonserver's start: Triton's error and 30 lines of its log, no word of what to
+    do; or, taken by a tritonserver, a false "ready" before "tritonserver exited with 1"."""
+    from tritonpack import server as server_module
+    from tritonpack.cli import main
+
+    monkeypatch.setattr(server_module, "port_taken", lambda port: False)
+    repository = python_model_repository(tmp_path / "repo", "m")
+    (tmp_path / "empty").mkdir()
+    with contextlib.ExitStack() as holding:
+        if holder == "socket":
+            port = holding.enter_context(listening_socket())
+        else:
+            port = holding.enter_context(TritonServer(tmp_path / "empty")).http_port
         assert main(["serve", str(repository), "--http-port", str(port)]) == 2
     out, err = capsys.readouterr()
     log = out.split("log: ")[1].split()[0]
+    assert "ready" not in out.splitlines()
     assert err.splitlines() == [f"error: --http-port {port} is taken by another process: choose another --http-port, "
                                 f"or 0 for a free one; log: {log}"]
     assert "already in use" in Path(log).read_text()

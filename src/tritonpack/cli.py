@@ -117,7 +117,7 @@ def build_hint(repository: Path) -> str:
 
 
 def cmd_serve(args) -> int:
-    from tritonpack.server import native_backends
+    from tritonpack.server import native_backends, port_taken
 
     asked = [(option, port) for option in ("http_port", "grpc_port", "metrics_port") if (port := getattr(args, option))]
     for (first, port), (second, other) in itertools.combinations(asked, 2):
@@ -139,6 +139,9 @@ def cmd_serve(args) -> int:
               f"local Triton (python backend only) lacks; serve it with: "
               f"{docker_command(repository, 'gpu' if gpu else 'cpu', built_for(repository))}", flush=True)
         return 0
+    for option, port in asked:  # before tritonserver starts: another one there would answer its readiness
+        if port_taken(port):
+            raise UserError(taken_by_another_process(f"--{option.replace('_', '-')}", port))
     with startable_by_the_python_backend(repository) as startable:
         return serve(args, startable)
 
@@ -188,9 +191,12 @@ def serve(args: argparse.Namespace, repository: Path) -> int:
         option = port_option(args, e.port)
         if option is None:  # a free port chosen here, and taken since
             raise
-        raise UserError(f"{option} {e.port} is taken by another process: choose another {option}, or 0 for a free "
-                        f"one; log: {server.log_path}") from None
+        raise UserError(f"{taken_by_another_process(option, e.port)}; log: {server.log_path}") from None
     return 0
+
+
+def taken_by_another_process(option: str, port: int) -> str:
+    return f"{option} {port} is taken by another process: choose another {option}, or 0 for a free one"
 
 
 def port_option(args: argparse.Namespace, port: int) -> str | None:

@@ -1,4 +1,5 @@
-"""What Linux's /proc says about processes: process-group members, CPU time, memory, and the python stubs.
+"""What Linux's /proc says about processes: process-group members, CPU time, memory, listening sockets, and the
+python stubs.
 
 One place for the readings the server (its stubs and their /dev/shm regions), the soak (memory growth) and the
 benchmarks (CPU seconds, PSS) need. A process that exits while it is read is skipped, never an error.
@@ -15,6 +16,7 @@ Memory, all in kB:
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Iterable, Iterator
 from contextlib import suppress
@@ -126,6 +128,44 @@ def process_name(pid: int) -> str:
         return str(pid)
     model = stub_model(args)
     return f"stub:{model}" if model else Path(args[0].decode(errors="replace")).name
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A TCP socket listening at `address` (IPv4 for an IPv4-mapped IPv6 one), by its socket inode."""
+
+    address: str
+    inode: int
+
+
+def listeners(port: int, pid: int | str = "self") -> list[Listener]:
+    """The TCP sockets listening on `port` in the network namespace of process `pid` (/proc/<pid>/net/tcp and
+    tcp6, where state 0A is LISTEN)."""
+    found = []
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (PROC / str(pid) / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            address, hex_port = fields[1].split(":")
+            if fields[3] == "0A" and int(hex_port, 16) == port:
+                packed = b"".join(bytes.fromhex(address[i:i + 8])[::-1] for i in range(0, len(address), 8))
+                ip = ipaddress.ip_address(packed)
+                found.append(Listener(str(getattr(ip, "ipv4_mapped", None) or ip), int(fields[9])))
+    return found
+
+
+def socket_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets process `pid` holds open (empty when it is gone or not ours to read)."""
+    inodes = set()
+    with suppress(OSError):
+        for fd in (PROC / str(pid) / "fd").iterdir():
+            with suppress(OSError):
+                if (target := os.readlink(fd)).startswith("socket:["):
+                    inodes.add(int(target[len("socket:["):-1]))
+    return inodes
 
 
 @dataclass(frozen=True)

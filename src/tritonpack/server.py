@@ -7,6 +7,7 @@ the Python the models run in, so a backend directory is prepared once per interp
 from __future__ import annotations
 
 import ctypes
+import errno
 import importlib.util
 import os
 import re
@@ -158,6 +159,21 @@ def free_ports(count: int, taken: Iterable[int] = ()) -> list[int]:
     return ports
 
 
+def port_taken(port: int) -> bool:
+    """Whether a socket listens on loopback `port`, where tritonserver could not listen. The probe binds as
+    tritonserver does, with SO_REUSEADDR: a port a stopped server left in TIME_WAIT is free to it, and one any
+    process listens on (tritonserver's own sockets included) is not."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return True
+            raise
+    return False
+
+
 def _become_subreaper() -> None:
     """Stubs orphaned when tritonserver exits are re-parented to this process instead of PID 1, which in a
     container may never reap them (they would stay zombies); `TritonServer.stop` reaps them."""
@@ -281,7 +297,18 @@ class TritonServer:
             return 0
 
     def is_ready(self) -> bool:
-        return self._get("/v2/health/ready") == 200
+        """Triton's HTTP readiness, answered by this server: its process alive and listening on each of its ports.
+        Another tritonserver on the same HTTP port answered ready while this one was failing to listen there."""
+        return self._get("/v2/health/ready") == 200 and self.listens_on(self.http_port, self.grpc_port,
+                                                                          self.metrics_port)
+
+    def listens_on(self, *ports: int) -> bool:
+        """Whether this server's own process holds a listening socket on each of `ports`."""
+        if self.process is None or self.process.poll() is not None:
+            return False
+        held = proc.socket_inodes(self.process.pid)
+        return all(any(listener.inode in held for listener in proc.listeners(port, self.process.pid))
+                   for port in ports)
 
     def is_live(self) -> bool:
         return self._get("/v2/health/live") == 200
