@@ -86,7 +86,22 @@ def test_serve_smoke_prints_a_real_embedding_when_run_from_the_cli(build_ensembl
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr + result.stdout
     assert "log: " in result.stdout and "EMBEDDING (384,)" in result.stdout
-    assert Path(result.stdout.split("log: ")[1].split()[0]).exists()
+    # a clean run's log folder goes (each `make ensemble` left one in /tmp); `serve` until stopped keeps it
+    assert not Path(result.stdout.split("log: ")[1].split()[0]).parent.exists()
+
+
+def test_serve_smoke_keeps_the_log_and_names_it_in_one_line_when_the_request_fails(tmp_path, capsys):
+    from tritonpack.cli import main
+
+    repository = python_model_repository(tmp_path / "repo", "m", per_request="raise RuntimeError('no answer')")
+    assert main(["serve", str(repository), "--smoke"]) == 1
+    out, err = capsys.readouterr()
+    log = Path(out.split("log: ")[1].split()[0])
+    assert err.splitlines() == [f"error: the smoke request failed: in ensemble 'm', Failed to process the request(s) "
+                                f"for model 'm_step_0_0', message: RuntimeError: no answer; log: {log}"]
+    assert "no answer" in log.read_text()
+    assert serving(repository) == []
+    shutil.rmtree(log.parent)
 
 
 def serving(repository: Path) -> list[int]:

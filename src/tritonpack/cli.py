@@ -18,12 +18,15 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from tritonpack.aws import endpoint_url
 from tritonpack.containers import DEFAULT_CONTAINER
 from tritonpack.contracts import TEXT, IoNames
 from tritonpack.errors import ServerError, ToolUnavailable, TritonpackError, UserError, disk_full
+
+if TYPE_CHECKING:
+    from tritonpack.server import TritonServer
 
 # Modules that add their own subcommand with `add_command(subparsers)`.
 COMMAND_MODULES: tuple[str, ...] = ("tritonpack.mme", "tritonpack.check", "tritonpack.env", "tritonpack.aws")
@@ -167,18 +170,19 @@ def startable_by_the_python_backend(repository: Path):
 
 
 def serve(args: argparse.Namespace, repository: Path) -> int:
-    """Serve `repository` in the bundled tritonserver until a stop signal (or one demo request with `--smoke`)."""
+    """Serve `repository` in the bundled tritonserver until a stop signal (or one demo request with `--smoke`). The
+    log stays for a server that serves until stopped; a clean `--smoke` run removes its folder."""
     from tritonpack.server import PortInUse, TritonServer
 
     server = TritonServer(repository, http_port=args.http_port, grpc_port=args.grpc_port,
-                          metrics_port=args.metrics_port, keep_log=True)
+                          metrics_port=args.metrics_port, keep_log=not args.smoke)
     print(f"starting tritonserver on http://{server.url} (grpc {server.grpc_port}, metrics {server.metrics_port}); "
           f"log: {server.log_path}", flush=True)
     try:
         with stopped_by_signals(), server:
             print("ready", flush=True)
             if args.smoke:
-                demo_request(server.url, repository)
+                smoke_request(server, repository)
                 return 0
             wait_for_stop(lambda: server.process.poll() is None)
             if server.process.returncode is not None:
@@ -197,6 +201,21 @@ def serve(args: argparse.Namespace, repository: Path) -> int:
 
 def taken_by_another_process(option: str, port: int) -> str:
     return f"{option} {port} is taken by another process: choose another {option}, or 0 for a free one"
+
+
+def smoke_request(server: TritonServer, repository: Path) -> None:
+    """`--smoke`'s demo request to `server`; one that fails keeps the server's log, and the error names it."""
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        demo_request(server.url, repository)
+    except InferenceServerException as e:
+        server.keep_log = True
+        said = (e.message() or str(e)).partition("\n")[0].strip()  # a model's Python traceback follows
+        raise ServerError(f"the smoke request failed: {said}; log: {server.log_path}") from None
+    except BaseException:
+        server.keep_log = True
+        raise
 
 
 def port_option(args: argparse.Namespace, port: int) -> str | None:
