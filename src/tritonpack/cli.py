@@ -9,6 +9,7 @@ import importlib
 import itertools
 import json
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -136,17 +137,58 @@ def cmd_serve(args) -> int:
     refuse_what_would_not_load(repository)
     needed, gpu = native_backends(repository)
     if needed:  # the bundled Triton has only the python backend: say where the repository does run
-        from tritonpack.containers import built_for, docker_command
-
         print(f"{args.repository} needs Triton's {', '.join(needed)} backend{'s' * (len(needed) > 1)}, which the "
-              f"local Triton (python backend only) lacks; serve it with: "
-              f"{docker_command(repository, 'gpu' if gpu else 'cpu', built_for(repository))}", flush=True)
+              f"local Triton (python backend only) lacks; {container_serving(repository, 'gpu' if gpu else 'cpu')}",
+              flush=True)
         return 0
     for option, port in asked:  # before tritonserver starts: another one there would answer its readiness
         if port_taken(port):
             raise UserError(taken_by_another_process(f"--{option.replace('_', '-')}", port))
     with startable_by_the_python_backend(repository) as startable:
         return serve(args, startable)
+
+
+def container_serving(repository: Path, target: str) -> str:
+    """How to serve `repository` in the Triton container: its tarball extracted (`docker_command`), which carries
+    what the container's Python lacks; where the tarball is gone, built again first as its manifest records; a
+    repository tritonpack did not build (no such record) as it is."""
+    from tritonpack.containers import built_for, docker_command, docker_run
+
+    container, tarball = built_for(repository), repository.with_name(f"{repository.name}.tar.gz")
+    if tarball.is_file():
+        return f"serve it with: {docker_command(repository, target, container)}"
+    if (again := build_again(repository)) is None:
+        return f"serve it with: {docker_run(repository, target, container)}"
+    words, rebuilt = again
+    return (f"its tarball {tarball} is gone: build it again, then serve it with: {shlex.join(words)} && "
+            f"{docker_command(rebuilt, target, container)}")
+
+
+RECORDED_OPTIONS = {"model": "--model", "weights": "--weights", "model_format": "--model-format",
+                    "container": "--container", "env_python": "--env-python", "io_names": "--io-names"}
+
+
+def build_again(repository: Path) -> tuple[list[str], Path] | None:
+    """The `tritonpack build` that writes `repository` and its tarball again with the options its manifest records
+    (`builder.build_record`: a local --model or --weights by its name), and the folder it writes; None where the
+    manifest records no build."""
+    from ast import literal_eval
+
+    try:
+        record = json.loads((repository / "manifest.json").read_text())["build"]
+        words = ["tritonpack", "build", record["name"], "--target", record["target"]]
+        given = {field: value for field, value in record.items() if (field, value) != ("container", DEFAULT_CONTAINER)}
+        words += [word for field, option in RECORDED_OPTIONS.items() if field in given
+                  for word in (option, given[field])]
+        words += ["--fp16"] * (record.get("fp16") == "True") + ["--no-env"] * ("env" not in record)
+        words += [word for key, value in literal_eval(record.get("serving", "()"))
+                  for word in ("--serving", f"{key}={value}")]
+        words += [word for cc, plan in literal_eval(record.get("plans", "()"))
+                  for word in ("--plan", f"{cc}={plan}" if cc else plan)]
+    except (OSError, ValueError, SyntaxError, KeyError, TypeError):
+        return None
+    dist = repository.resolve().parent
+    return [*words, "--dist", str(dist)], dist / f"{record['name']}-{record['target']}"
 
 
 @contextmanager

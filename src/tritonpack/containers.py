@@ -147,11 +147,19 @@ def docker_command(repository: Path, target: str, container: str = DEFAULT_CONTA
     repository's python models run in this interpreter's environment)."""
     repository = Path(repository).resolve()
     tarball = shlex.quote(str(repository.with_name(f"{repository.name}.tar.gz")))
-    served = shlex.quote(str(repository.with_name(f"{repository.name}.triton")))
-    gpus = "--gpus all " if target == "gpu" else ""
+    served = repository.with_name(f"{repository.name}.triton")
+    folder = shlex.quote(str(served))
     # a fresh folder: extracted over an earlier build, its steps of other names would stay and load too
-    return (f"rm -rf {served} && mkdir {served} && tar -xzf {tarball} -C {served} && docker run --rm {gpus}-p8000:8000 "
-            f"-v {served}:/models nvcr.io/nvidia/tritonserver:{container}-py3 tritonserver --model-repository=/models")
+    return (f"rm -rf {folder} && mkdir {folder} && tar -xzf {tarball} -C {folder} && "
+            f"{docker_run(served, target, container)}")
+
+
+def docker_run(models: Path, target: str, container: str = DEFAULT_CONTAINER) -> str:
+    """`docker run` of the NGC Triton container of that release (GPUs for `gpu`) serving the repository folder
+    `models`."""
+    gpus = "--gpus all " if target == "gpu" else ""
+    return (f"docker run --rm {gpus}-p8000:8000 -v {shlex.quote(str(Path(models).resolve()))}:/models "
+            f"nvcr.io/nvidia/tritonserver:{container}-py3 tritonserver --model-repository=/models")
 
 
 def manifest_container(manifest: dict | None) -> str | None:
