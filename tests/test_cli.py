@@ -317,30 +317,21 @@ def test_cli_build_smoke_names_the_serving_command_when_the_local_triton_lacks_t
     assert (dist / ".bert.target").read_text() == "cpu\n"
 
 
-def test_cli_serve_names_a_command_that_builds_the_tarball_again_when_a_native_repositorys_tarball_is_gone(
+def test_cli_serve_says_to_build_the_tarball_again_when_a_native_repositorys_tarball_is_gone(
         tmp_path, build_ensemble, capsys):
     """Without the tarball beside it, the printed `tar -xzf …/bert-cpu.tar.gz` failed; a repository tritonpack did not
     build (no manifest) is served as it is."""
-    dist = tmp_path / "my dist"
-    repository = Path(shutil.copytree(build_ensemble("bert", "cpu").repository, dist / "bert-cpu"))  # no tarball
-    (dist / "cache").symlink_to(build_ensemble("bert", "cpu").repository.parent / "cache")
+    repository = Path(shutil.copytree(build_ensemble("bert", "cpu").repository, tmp_path / "my dist" / "bert-cpu"))
     assert main(["serve", str(repository)]) == 0
-    said = capsys.readouterr().out.splitlines()
-    served, quoted = dist.resolve() / "bert-cpu.triton", shlex.quote(str(dist.resolve() / "bert-cpu.triton"))
-    build = f"tritonpack build bert --target cpu --no-env --dist {shlex.quote(str(dist.resolve()))}"
-    extract = (f"rm -rf {quoted} && mkdir {quoted} && tar -xzf {shlex.quote(str(served.with_suffix('.tar.gz')))} "
-               f"-C {quoted}")
+    served = shlex.quote(str(repository.resolve().with_name("bert-cpu.triton")))
     docker = "docker run --rm -p8000:8000 -v {}:/models nvcr.io/nvidia/tritonserver:24.09-py3 tritonserver " \
              "--model-repository=/models"
     lacks = f"{repository} needs Triton's onnxruntime_onnx backend, which the local Triton (python backend only) lacks"
-    assert said == [f"{lacks}; its tarball {repository}.tar.gz is gone: build it again, then serve it with: {build} && "
-                    f"{extract} && {docker.format(quoted)}"]
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])  # where `tritonpack` is
-    subprocess.run(["bash", "-c", f"{build} && {extract}"], check=True, capture_output=True, timeout=300,
-                   env={**os.environ, "PATH": path})
-    assert (served / "bert" / "config.pbtxt").is_file() and len(list(served.glob("*/config.pbtxt"))) == 4
-    for made_by_tritonpack in (repository / "manifest.json", served.with_suffix(".tar.gz")):
-        made_by_tritonpack.unlink()
+    assert capsys.readouterr().out.splitlines() == [
+        f"{lacks}; its tarball {repository}.tar.gz is gone: build it again as before (`make build NAME=bert "
+        f"TARGET=cpu` builds it), then serve it with: rm -rf {served} && mkdir {served} && tar -xzf "
+        f"{shlex.quote(str(repository.resolve()) + '.tar.gz')} -C {served} && {docker.format(served)}"]
+    (repository / "manifest.json").unlink()
     assert main(["serve", str(repository)]) == 0
     assert capsys.readouterr().out.splitlines() == [
         f"{lacks}; serve it with: {docker.format(shlex.quote(str(repository.resolve())))}"]
@@ -435,7 +426,6 @@ def unmount(path: Path) -> None:
 def refuse_mkdir_under(monkeypatch, folder: Path) -> None:
     """What a user who may not write `folder` gets (root may): os.mkdir under it raises EACCES."""
     import errno
-    import os
 
     mkdir = os.mkdir
 

@@ -9,7 +9,6 @@ import importlib
 import itertools
 import json
 import re
-import shlex
 import shutil
 import signal
 import subprocess
@@ -150,45 +149,17 @@ def cmd_serve(args) -> int:
 
 def container_serving(repository: Path, target: str) -> str:
     """How to serve `repository` in the Triton container: its tarball extracted (`docker_command`), which carries
-    what the container's Python lacks; where the tarball is gone, built again first as its manifest records; a
-    repository tritonpack did not build (no such record) as it is."""
+    what the container's Python lacks, built again first where it is gone; a repository tritonpack did not build
+    (no manifest) mounted as it is."""
     from tritonpack.containers import built_for, docker_command, docker_run
 
     container, tarball = built_for(repository), repository.with_name(f"{repository.name}.tar.gz")
     if tarball.is_file():
         return f"serve it with: {docker_command(repository, target, container)}"
-    if (again := build_again(repository)) is None:
+    if not (repository / "manifest.json").is_file():
         return f"serve it with: {docker_run(repository, target, container)}"
-    words, rebuilt = again
-    return (f"its tarball {tarball} is gone: build it again, then serve it with: {shlex.join(words)} && "
-            f"{docker_command(rebuilt, target, container)}")
-
-
-RECORDED_OPTIONS = {"model": "--model", "weights": "--weights", "model_format": "--model-format",
-                    "container": "--container", "env_python": "--env-python", "io_names": "--io-names"}
-
-
-def build_again(repository: Path) -> tuple[list[str], Path] | None:
-    """The `tritonpack build` that writes `repository` and its tarball again with the options its manifest records
-    (`builder.build_record`: a local --model or --weights by its name), and the folder it writes; None where the
-    manifest records no build."""
-    from ast import literal_eval
-
-    try:
-        record = json.loads((repository / "manifest.json").read_text())["build"]
-        words = ["tritonpack", "build", record["name"], "--target", record["target"]]
-        given = {field: value for field, value in record.items() if (field, value) != ("container", DEFAULT_CONTAINER)}
-        words += [word for field, option in RECORDED_OPTIONS.items() if field in given
-                  for word in (option, given[field])]
-        words += ["--fp16"] * (record.get("fp16") == "True") + ["--no-env"] * ("env" not in record)
-        words += [word for key, value in literal_eval(record.get("serving", "()"))
-                  for word in ("--serving", f"{key}={value}")]
-        words += [word for cc, plan in literal_eval(record.get("plans", "()"))
-                  for word in ("--plan", f"{cc}={plan}" if cc else plan)]
-    except (OSError, ValueError, SyntaxError, KeyError, TypeError):
-        return None
-    dist = repository.resolve().parent
-    return [*words, "--dist", str(dist)], dist / f"{record['name']}-{record['target']}"
+    return (f"its tarball {tarball} is gone: build it again as before ({build_hint(repository)}), then serve it "
+            f"with: {docker_command(repository, target, container)}")
 
 
 @contextmanager
