@@ -414,6 +414,17 @@ def test_infer_cli_prints_embeddings_when_pointed_at_the_local_mme(mme, tiny_ref
                             tiny_reference(FEW))
 
 
+def test_infer_cli_exits_1_with_one_line_naming_the_model_when_the_endpoint_refuses_the_request(mme, capsys):
+    """A request the server refuses is one line naming the model, exit status 1, through --mme as through --url;
+    --mme exited 2, the status of a mistake in the command line."""
+    from tritonpack import cli
+
+    assert cli.main(["infer", "--mme", mme.url, "--target-model", "tiny-a.tar.gz", "x" * 70_000]) == 1
+    assert capsys.readouterr().err == (
+        "error: invoke tiny-a.tar.gz: refused: ModelError: Received client error (400) from model 'tiny-a.tar.gz' "
+        "with message \"in ensemble 'tiny-a.tar.gz', TEXT element of 70000 bytes exceeds the limit of 65536\"\n")
+
+
 def test_local_mme_makes_room_on_a_full_disk_and_answers_507_without_remembering_it(models_dir, tmp_path, aws_env,
                                                                                    tiny_reference):
     """The disk cache on a disk that fills: extracted targets Triton does not hold are removed to make room (as

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonpack.containers import ADDITIONAL_ARGS, CONTAINER_ENVIRONMENT, parse_environment
-from tritonpack.errors import UserError
+from tritonpack.errors import TritonpackError, UserError
 
 MIB = 1024 * 1024
 TAR_SUFFIX = ".tar.gz"
@@ -59,8 +59,10 @@ def gpus(instance_type: str) -> int:
 
 
 @contextmanager
-def aws_errors(what: str):
-    """An error the AWS API (or botocore) reports becomes one line naming the call, the code and AWS's reason."""
+def aws_errors(what: str, refused: type[TritonpackError] = UserError):
+    """An error the AWS API (or botocore) reports becomes one line naming the call, the code and AWS's reason; a
+    refusal (an error answer) is raised as `refused`: `infer --mme` says an endpoint's refusal of a request with exit
+    status 1, as `infer --url` says Triton's."""
     from boto3.exceptions import Boto3Error
     from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError, WaiterError
 
@@ -69,7 +71,7 @@ def aws_errors(what: str):
     except ClientError as e:
         error = e.response.get("Error", {})
         reason = " ".join(str(error.get("Message", e)).split())[:300]  # one line, even where an HTML page answered
-        raise UserError(f"{what}: refused: {error.get('Code', 'error')}: {reason}") from None
+        raise refused(f"{what}: refused: {error.get('Code', 'error')}: {reason}") from None
     except NoCredentialsError as e:
         raise UserError(f"{what}: {e}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or run "
                         f"`aws configure`") from None

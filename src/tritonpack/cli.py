@@ -314,10 +314,11 @@ def cmd_infer(args) -> int:
             raise UserError("--mme needs --target-model (the tarball to invoke)")
         from tritonpack.aws import aws_errors
 
-        with aws_errors(f"invoke {args.target_model}"):
+        io = IoNames.parse(args.io_names) if args.io_names else TEXT
+        # the endpoint's refusal is the server's answer, exit status 1, as `--url`'s
+        with aws_errors(f"invoke {args.target_model}", refused=TritonpackError):
             vectors = embed_texts(texts, args.target_model, fmt=args.format, endpoint_name=args.endpoint_name,
-                                  endpoint_url=None if args.mme == "aws" else args.mme,
-                                  io=IoNames.parse(args.io_names) if args.io_names else TEXT)
+                                  endpoint_url=None if args.mme == "aws" else args.mme, io=io)
         args.model = args.target_model
     else:
         vectors = served_embeddings(args.url, args.model, texts)
