@@ -138,6 +138,20 @@ def test_local_mme_leaves_loaded_models_as_they_were_when_a_load_fails(mme, targ
     assert after["ModelLoadFailures"] - before["ModelLoadFailures"] == (target == "import-error.tar.gz")
 
 
+def test_infer_cli_says_tritons_reason_in_one_line_and_exits_1_when_triton_refuses_to_load_the_target(mme, capsys):
+    """`infer --mme` cut Triton's load refusal off after 300 characters, before its reason (Triton named each model by
+    its cache folder, `<cache>/<hash>/model::<model>`), and exited 2, the status of a mistake in the command line."""
+    from tritonpack.cli import main
+
+    assert main(["infer", "--mme", mme.url, "--target-model", "import-error.tar.gz", "hello"]) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: invoke import-error.tar.gz: refused: ValidationError: Triton could not load "
+                           "'import-error.tar.gz' (not loaded again for 30 s unless the tarball changes): load failed "
+                           "for model 'import-error.tar.gz': "), line
+    assert line.endswith("RuntimeError: broken at import on purpose"), line
+    assert str(mme.cache.root) not in line and " … " not in line
+
+
 def test_local_mme_loads_a_target_again_when_its_load_refusal_ends_and_the_fault_has_passed(mme, models_dir, tmp_path,
                                                                                          monkeypatch):
     """Triton's refusal to load a tarball is answered from memory for `load_refusal_s`, not until the tarball changes:

@@ -24,6 +24,7 @@ from tritonpack.errors import TritonpackError, UserError
 
 MIB = 1024 * 1024
 TAR_SUFFIX = ".tar.gz"
+REASON_CHARS = 600  # of a server's message in one error line (an HTML page may answer)
 DEFAULT_TRITON_VERSION = "24.09"
 TRITON_REPOSITORY = "sagemaker-tritonserver"
 # Account of the SageMaker Triton images per region (sagemaker-python-sdk image_uri_config/sagemaker-tritonserver.json,
@@ -70,7 +71,7 @@ def aws_errors(what: str, refused: type[TritonpackError] = UserError):
         yield
     except ClientError as e:
         error = e.response.get("Error", {})
-        reason = " ".join(str(error.get("Message", e)).split())[:300]  # one line, even where an HTML page answered
+        reason = one_line(error.get("Message", e))  # even where an HTML page answered
         raise refused(f"{what}: refused: {error.get('Code', 'error')}: {reason}") from None
     except NoCredentialsError as e:
         raise UserError(f"{what}: {e}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or run "
@@ -82,6 +83,16 @@ def aws_errors(what: str, refused: type[TritonpackError] = UserError):
         raise UserError(f"{what}: {e}{f'; FailureReason: {reason}' if reason else ''}") from None
     except (BotoCoreError, Boto3Error) as e:  # boto3's transfers wrap what S3 answered (S3UploadFailedError)
         raise UserError(f"{what}: {e}") from None
+
+
+def one_line(text, limit: int = REASON_CHARS) -> str:
+    """`text` on one line; past `limit` characters its middle is left out, not its end, where a server's message
+    says why (Triton's load refusal ends with the reason its model failed)."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    head = limit // 3
+    return f"{text[:head]} … {text[len(text) - (limit - head):]}"
 
 
 def endpoint_url(text: str) -> str:

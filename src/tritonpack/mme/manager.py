@@ -39,6 +39,9 @@ MODEL_GONE = re.compile(r"Request for unknown model: '[^']*' is not found")
 # A load that failed because a disk is full (the python backend unpacks each packed environment under /tmp): the
 # host's state, not the tarball's fault.
 NO_DISK_SPACE = re.compile(r"No space left on device|Failed to create environment directory")
+# The python backend's traceback after a model's error (paths in the cache, frames of importlib): not for clients
+PYTHON_FRAMES = re.compile(r"\n\nAt:\n(?:  .*(?:\n|$))*")
+NO_BACKEND = re.compile(r"unable to find backend library for backend")  # the bundled Triton has only python's
 
 
 def _mb(kb: int) -> float:
@@ -192,12 +195,19 @@ class ModelManager:
         if reply.status == 409:  # still registered after the clearing unload: Triton's state, not the tarball's
             return TargetError(503, f"Triton still holds an earlier load of {target!r}: {reply.message}",
                                retry_after=1)
-        hint = "; a disk is full: free space there" if NO_DISK_SPACE.search(reply.message) else ""
+        hint = ""
+        if NO_DISK_SPACE.search(reply.message):
+            hint = "; a disk is full: free space there"
+        elif NO_BACKEND.search(reply.message):  # a `cpu` or `gpu` build
+            hint = "; the local Triton has only the python backend: a `portable` build (TARGET=portable) serves here"
         refused = reply.status == 400  # most likely the model's own fault: not loaded again for a while
         again = f" (not loaded again for {self.policy.load_refusal_s:g} s unless the tarball changes)" \
             if refused else ""
+        # Triton names each model of the target `<its folder>::<model>` (namespacing): the model names say it all
+        reason = reply.message.replace(f"{slot.prepared.model_dir}::", "")
+        reason = PYTHON_FRAMES.sub(" ", reason).strip().rstrip(";")
         error = TargetError(reply.status if 400 <= reply.status < 600 else 502,
-                            f"Triton could not load {target!r}{again}: {reply.message}{hint}")
+                            f"Triton could not load {target!r}{again}: {reason}{hint}")
         if refused:
             self.store.refuse(slot.prepared, error, self.policy.load_refusal_s)
         return error
