@@ -115,3 +115,10 @@ def test_infer_embeds_through_renamed_tensors_served_directly_and_through_the_mm
     assert main(["infer", *TEXTS, "--mme", client.meta.endpoint_url, "--target-model", "bert.tar.gz", "--io-names",
                  "INPUT0:OUTPUT0", "--json"]) == 0
     np.testing.assert_allclose(json.loads(capsys.readouterr().out)["embeddings"], tiny_reference(TEXTS), atol=2e-3)
+    # without --io-names, Triton's refusal and what to pass, in one line (it said only "unexpected inference output")
+    assert main(["infer", *TEXTS, "--mme", client.meta.endpoint_url, "--target-model", "bert.tar.gz"]) == 1
+    assert capsys.readouterr().err == (
+        "error: invoke bert.tar.gz: refused: ModelError: Received client error (400) from model 'bert.tar.gz' with "
+        "message \"unexpected inference output 'EMBEDDING' for model 'bert.tar.gz'\"; the model has no output "
+        "'EMBEDDING': it was built with other names (--io-names): pass them as --io-names INPUT:OUTPUT, e.g. "
+        "--io-names INPUT0:OUTPUT0\n")

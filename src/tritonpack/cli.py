@@ -315,10 +315,15 @@ def cmd_infer(args) -> int:
         from tritonpack.aws import aws_errors
 
         io = IoNames.parse(args.io_names) if args.io_names else TEXT
-        # the endpoint's refusal is the server's answer, exit status 1, as `--url`'s
-        with aws_errors(f"invoke {args.target_model}", refused=TritonpackError):
-            vectors = embed_texts(texts, args.target_model, fmt=args.format, endpoint_name=args.endpoint_name,
-                                  endpoint_url=None if args.mme == "aws" else args.mme, io=io)
+        try:  # the endpoint's refusal is the server's answer, exit status 1, as `--url`'s
+            with aws_errors(f"invoke {args.target_model}", refused=TritonpackError):
+                vectors = embed_texts(texts, args.target_model, fmt=args.format, endpoint_name=args.endpoint_name,
+                                      endpoint_url=None if args.mme == "aws" else args.mme, io=io)
+        except TritonpackError as e:
+            hint = None if isinstance(e, UserError) else io.renamed_hint(str(e))
+            if hint is None:
+                raise
+            raise TritonpackError(f"{e}; {hint}") from None
         args.model = args.target_model
     else:
         vectors = served_embeddings(args.url, args.model, texts)

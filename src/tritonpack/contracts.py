@@ -8,6 +8,7 @@ the longest) and return `SCORES` (TYPE_FP32, [classes]) with a label file. A bui
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,6 +16,10 @@ import numpy as np
 
 from tritonpack.errors import PayloadError, SpecError
 from tritonpack.spec import Tensor
+
+NOTEBOOK_TEXT_NAMES = "INPUT0:OUTPUT0"  # the AWS notebooks' text client's names, the usual --io-names
+# Triton's refusal of a request naming a tensor its model does not have
+UNEXPECTED_TENSOR = re.compile(r"unexpected inference (input|output) '([^']*)'")
 
 
 @dataclass(frozen=True)
@@ -39,8 +44,18 @@ class IoNames:
         """`INPUT0:OUTPUT0` → IoNames("INPUT0", "OUTPUT0")."""
         name_in, sep, name_out = str(text).partition(":")
         if not sep:
-            raise SpecError(f"--io-names {text!r}: expected INPUT:OUTPUT, e.g. INPUT0:OUTPUT0")
+            raise SpecError(f"--io-names {text!r}: expected INPUT:OUTPUT, e.g. {NOTEBOOK_TEXT_NAMES}")
         return cls(name_in.strip(), name_out.strip())
+
+    def renamed_hint(self, reason: str) -> str | None:
+        """What to pass where Triton's `reason` refused a request because the model has no tensor of these names
+        (a tarball built with `--io-names`, invoked through an MME, whose API has no metadata to read them from as
+        `infer --url` does); None for any other reason."""
+        match = UNEXPECTED_TENSOR.search(reason)
+        if match is None or match[2] not in (self.input, self.output):
+            return None
+        return (f"the model has no {match[1]} {match[2]!r}: it was built with other names (--io-names): pass them "
+                f"as --io-names INPUT:OUTPUT, e.g. --io-names {NOTEBOOK_TEXT_NAMES}")
 
 
 TEXT = IoNames("TEXT", "EMBEDDING")
