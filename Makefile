@@ -61,7 +61,7 @@ check: $(STAMP) ## will dist/NAME-TARGET.tar.gz load on an MME? artifacts vs con
 
 mme: $(STAMP) ## local SageMaker MME on MME_PORT (8080) serving dist/*.tar.gz from their environments, as the endpoint (CONTAINER_PYTHON=local: this interpreter's packages); builds NAME-TARGET first if missing
 	@test -f $(REPO).tar.gz || $(BIN)/tritonpack build $(BUILD_ARGS)
-	@echo "invoke: $(BIN)/tritonpack infer --mme http://127.0.0.1:$(MME_PORT) --target-model $(notdir $(REPO)).tar.gz 'some text'"
+	@$(if $(filter portable,$(CHOSEN)),echo "invoke: $(BIN)/tritonpack infer --mme http://127.0.0.1:$(MME_PORT) --target-model $(notdir $(REPO)).tar.gz 'some text'",echo "note: $(notdir $(REPO)).tar.gz is a $(CHOSEN) build: the local MME cannot load it (its Triton has only the python backend); make build NAME=$(NAME) TARGET=portable builds one it serves")
 	$(BIN)/tritonpack mme --models dist --port $(MME_PORT) --max-models $(MAX_MODELS)$(if $(CONTAINER_PYTHON), --container-python $(CONTAINER_PYTHON))
 
 mme-load: $(STAMP) ## local MME under locust load, faults injected on a schedule (~90 s) → dist/mme-load/report.md

@@ -371,6 +371,23 @@ def test_makefile_serves_the_repository_the_last_build_chose_when_no_target_is_g
     assert f"tritonpack check dist/{expected}.tar.gz" in result.stdout
 
 
+@pytest.mark.parametrize(("recorded", "said"), [
+    ("portable", "invoke: .venv/bin/tritonpack infer --mme http://127.0.0.1:8080 --target-model bert-portable.tar.gz "
+                 "'some text'"),
+    # it printed that invoke line, which the local MME then refused
+    ("cpu", "note: bert-cpu.tar.gz is a cpu build: the local MME cannot load it (its Triton has only the python "
+            "backend); make build NAME=bert TARGET=portable builds one it serves")])
+def test_make_mme_names_how_to_invoke_the_tarball_or_why_the_local_mme_cannot_load_it(tmp_path, recorded, said):
+    for prerequisite in ("requirements.txt", "pyproject.toml"):
+        (tmp_path / prerequisite).touch()
+    (tmp_path / "dist").mkdir()
+    (tmp_path / "dist" / ".bert.target").write_text(recorded + "\n")
+    result = subprocess.run(["make", "-n", "-f", str(MAKEFILE), "mme"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert f'echo "{said}"' in result.stdout.splitlines()
+
+
 @pytest.mark.parametrize("interpreter", ["missing", "another version"])
 def test_make_says_in_one_line_which_python_venv_needs_and_creates_nothing(tmp_path, interpreter):
     """A fresh machine without Python 3.11 (Ubuntu 24.04 has 3.12): `make ensemble` names the version, why, and the
