@@ -123,8 +123,11 @@ def _body(shape) -> bytes:
     (_body([1, 1]), "1000", "Inference-Header-Content-Length 1000 is outside the body's"),
     (_body([1, 1]), "ten", "Inference-Header-Content-Length 'ten' is not an integer"),
     (b"[1]", None, "request must be a JSON object, got list"),
+    # Triton reads the first `shape` (it reserved 100,000,000 floats), json.loads the last, which passed
+    (b'{"inputs": [{"name": "TEXT", "shape": [100000000, 1], "shape": [1, 1], "datatype": "BYTES", "data": ["x"]}]}',
+     None, "request header repeats the key 'shape' in one object"),
 ], ids=["empty", "dim_wraps_zero_elements", "negative_dim", "too_many_elements", "header_past_body",
-        "header_not_a_number", "not_an_object"])
+        "header_not_a_number", "not_an_object", "repeated_key"])
 def test_request_guard_names_the_rule_a_request_breaks_when_only_that_rule_catches_it(body, header_length, reason):
     """Each case breaks one rule alone: the hostile corpus's cases are caught by several, so a rule could go."""
     problem = infer_request_problem(body, header_length)

@@ -266,8 +266,10 @@ def test_gateway_answers_400_when_the_content_type_is_not_ascii(gateway):
 
 
 @pytest.mark.parametrize("encoding", [b"gzip", b"deflate", b"br"])
-def test_gateway_answers_400_when_the_body_does_not_decode_as_its_content_encoding_says(gateway, encoding):
-    """aiohttp's own plain-text 500, uncounted, with two tracebacks in the log, before."""
+def test_gateway_answers_400_when_the_body_does_not_decode_as_its_content_encoding_says(gateway, encoding, caplog):
+    """aiohttp's own plain-text 500, uncounted, with two tracebacks in the log, before; then the 400, with aiohttp's
+    traceback of the same body still in the log."""
+    caplog.set_level(logging.INFO)
     head = (b"POST /endpoints/local/invocations HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
             b"X-Amzn-SageMaker-Target-Model: m0\r\nContent-Type: application/json\r\nContent-Encoding: " + encoding)
     answer = raw_exchange(gateway.port, head + b"\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
@@ -277,6 +279,17 @@ def test_gateway_answers_400_when_the_body_does_not_decode_as_its_content_encodi
     assert counts(gateway.gateway) == (1, 1, 0)
     compressed = gzip.compress(BODY)
     assert invoke(gateway.port, "m0", compressed, {"Content-Encoding": "gzip"})[0] == 200
+    logged = [record for record in caplog.records if record.name.startswith("aiohttp")]
+    assert not any(record.exc_info for record in logged), [record.getMessage() for record in logged]
+
+
+def test_gateway_answers_400_when_a_request_repeats_a_key_triton_would_read_otherwise(gateway):
+    """The guard kept the last `shape` and Triton the first: 200 for a shape that wraps at 2**32, and tritonserver
+    reserving memory for a shape the data never filled."""
+    body = (b'{"inputs": [{"name": "TEXT", "shape": [4294967297, 1], "shape": [1, 1], "datatype": "BYTES", '
+            b'"data": ["x"]}]}')
+    status, answer = invoke(gateway.port, "m0", body)
+    assert (status, answer["message"]) == (400, "request header repeats the key 'shape' in one object")
 
 
 def test_gateway_answers_408_and_closes_when_a_body_stops_arriving(gateway):

@@ -85,6 +85,8 @@ class OneLineBadRequests(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, web.RequestPayloadError):  # a body that does not decode, once the handler answered 400
+            error = error.__cause__
         if isinstance(error, HttpProcessingError):
             record.msg, record.args = f"{record.getMessage()}: {error.message}".replace("\n", " "), ()
             record.exc_info, record.levelno, record.levelname = None, logging.INFO, "INFO"

@@ -38,7 +38,9 @@ def infer_request_problem(body: bytes, header_length: str | None = None,
             return f"{header_field} {length} is outside the body's {len(body)} bytes"
         json_part, binary_size = body[:length], len(body) - length
     try:  # as Triton's parser reads it: UTF-8, a byte-order mark allowed (json.loads also takes UTF-16 and -32)
-        request = json.loads(json_part.decode("utf-8-sig"))
+        request = json.loads(json_part.decode("utf-8-sig"), object_pairs_hook=_without_repeated_keys)
+    except RepeatedKey as e:
+        return str(e)
     except (UnicodeDecodeError, ValueError) as e:
         return f"request header is not JSON: {e}"
     except RecursionError:
@@ -63,6 +65,21 @@ def infer_request_problem(body: bytes, header_length: str | None = None,
     if not isinstance(request.get("parameters", {}), dict):
         return "'parameters' must be an object"
     return None
+
+
+class RepeatedKey(ValueError):
+    pass
+
+
+def _without_repeated_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object whose keys are all distinct. Triton reads the first of two equal keys and json.loads the last:
+    a `shape` repeated with a small one after a huge one passed this check, and Triton reserved the huge one."""
+    found: dict = {}
+    for key, value in pairs:
+        if key in found:
+            raise RepeatedKey(f"request header repeats the key {key!r} in one object")
+        found[key] = value
+    return found
 
 
 def _input_problem(tensor, has_binary: bool, header_field: str) -> tuple[str | None, int]:
