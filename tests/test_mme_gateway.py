@@ -10,6 +10,7 @@ server and the clients are real, over loopback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import logging
@@ -290,6 +291,30 @@ def test_gateway_answers_400_when_a_request_repeats_a_key_triton_would_read_othe
             b'"data": ["x"]}]}')
     status, answer = invoke(gateway.port, "m0", body)
     assert (status, answer["message"]) == (400, "request header repeats the key 'shape' in one object")
+
+
+def test_gateway_answers_413_at_once_to_a_client_that_asks_before_sending_a_body_above_the_limit(gateway):
+    """It answered 100 Continue, inviting the 7 MB, and only then 413."""
+    head = (b"POST /endpoints/local/invocations HTTP/1.1\r\nHost: x\r\nX-Amzn-SageMaker-Target-Model: m0\r\n"
+            b"Content-Type: application/json\r\nExpect: 100-continue\r\n")
+    answer = raw_exchange(gateway.port, head + b"Content-Length: 7000000\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 413 ") and b"100 Continue" not in answer, answer[:200]
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as client:  # within the limit: invited
+        client.sendall(head + b"Content-Length: %d\r\n\r\n" % len(BODY))
+        assert client.recv(65536).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        client.sendall(BODY)
+        assert client.recv(65536).startswith(b"HTTP/1.1 200 ")
+
+
+def test_gateway_logs_a_malformed_request_in_one_short_line(gateway, caplog):
+    """A chunked body of 1 MB with no chunk size line put ~128 kB of the client's bytes into each log line."""
+    caplog.set_level(logging.INFO)
+    with contextlib.suppress(ConnectionResetError, BrokenPipeError):  # it closes once it has read enough to refuse
+        raw_exchange(gateway.port, b"POST /endpoints/local/invocations HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+                                   b"chunked\r\n\r\n" + b"z" * (1 << 20))
+    wait_until(lambda: any(r.name.startswith("aiohttp") for r in caplog.records), 5.0)
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("aiohttp")]
+    assert lines and all(len(line) < 1000 and "\n" not in line for line in lines), [len(line) for line in lines]
 
 
 def test_gateway_answers_408_and_closes_when_a_body_stops_arriving(gateway):

@@ -24,7 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_urldispatcher import _default_expect_handler  # 100 Continue, as a route without a handler of its own
 
+from tritonpack.aws import one_line
 from tritonpack.codec import HEADER_SIZE
 from tritonpack.mme.container import TARGET_HEADER, Reply
 from tritonpack.mme.manager import ModelManager
@@ -88,7 +90,7 @@ class OneLineBadRequests(logging.Filter):
         if isinstance(error, web.RequestPayloadError):  # a body that does not decode, once the handler answered 400
             error = error.__cause__
         if isinstance(error, HttpProcessingError):
-            record.msg, record.args = f"{record.getMessage()}: {error.message}".replace("\n", " "), ()
+            record.msg, record.args = f"{record.getMessage()}: {one_line(error.message, 300)}", ()
             record.exc_info, record.levelno, record.levelname = None, logging.INFO, "INFO"
         return True
 
@@ -150,7 +152,8 @@ class Gateway:
         self.app.router.add_get("/ping", self.ping)
         self.app.router.add_get("/metrics", self.metrics_text)
         self.app.router.add_get("/models", self.models)
-        self.app.router.add_post("/endpoints/{endpoint}/invocations", self.invocations)
+        self.app.router.add_post("/endpoints/{endpoint}/invocations", self.invocations,
+                                 expect_handler=self._continue_within_limit)
         server_log = logging.getLogger("aiohttp.server")
         if not any(isinstance(f, OneLineBadRequests) for f in server_log.filters):
             server_log.addFilter(OneLineBadRequests())
@@ -197,6 +200,19 @@ class Gateway:
                                   "cache_bytes": cache.total_bytes, "cached": sorted(cache.entries),
                                   "memory_mb": memory})
 
+    async def _continue_within_limit(self, request: web.Request) -> web.Response | None:
+        """`Expect: 100-continue`: a body above the payload limit is refused before the client sends it, where
+        aiohttp's own handler invited it with 100 Continue first."""
+        if (request.content_length or 0) > self.max_payload_bytes:
+            return self._payload_too_large(request.content_length)
+        return await _default_expect_handler(request)
+
+    def _payload_too_large(self, length: int) -> web.Response:
+        response = error_response("ValidationError", f"payload of {length} bytes is above the "
+                                                     f"{self.max_payload_bytes} byte limit", 413)
+        response.force_close()  # the body is not read
+        return self._counted(response)
+
     async def invocations(self, request: web.Request) -> web.Response:
         if not ENDPOINT_NAME.fullmatch(request.match_info["endpoint"]):
             raise web.HTTPNotFound()
@@ -207,10 +223,7 @@ class Gateway:
             return self._counted(error_response("ValidationError", "an invocation needs a body with Content-Length "
                                                                    "(or chunked transfer encoding)", 411))
         if (request.content_length or 0) > self.max_payload_bytes:
-            response = error_response("ValidationError", f"payload of {request.content_length} bytes is above the "
-                                                         f"{self.max_payload_bytes} byte limit", 413)
-            response.force_close()  # the body is not read
-            return self._counted(response)
+            return self._payload_too_large(request.content_length)
         target = request.headers.get(TARGET_HEADER)
         # a body whose size is not known before it is read (chunked, compressed) counts as the payload limit
         size = self.max_payload_bytes if chunked or "Content-Encoding" in request.headers else request.content_length
