@@ -140,9 +140,9 @@ def cmd_serve(args) -> int:
               f"local Triton (python backend only) lacks; {container_serving(repository, 'gpu' if gpu else 'cpu')}",
               flush=True)
         return 0
-    for option, port in asked:  # before tritonserver starts: another one there would answer its readiness
+    for _, port in asked:  # before tritonserver starts: another one there would answer its readiness
         if port_taken(port):
-            raise UserError(taken_by_another_process(f"--{option.replace('_', '-')}", port))
+            raise UserError(taken_by_another_process(port_option(args, port), port))
     with startable_by_the_python_backend(repository) as startable:
         return serve(args, startable)
 
