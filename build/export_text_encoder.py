@@ -455,9 +455,18 @@ def openvino_check(out_dir: Path, source: SentenceTransformerSource, model: Path
 
 def _openvino_cosine(model: Path, precision: str, inputs: dict[str, np.ndarray], reference: np.ndarray,
                      packed: bool) -> tuple[float, str, tuple[str, str] | None]:
-    """The smallest cosine between `reference` and `model`'s mean-pooled embeddings of `inputs`, run by the runner's
-    OpenVINO session at `precision` as it is served; what this CPU computed (bf16, f32, bf16+f32); and the precision
-    the session falls back to below the floor (None where it computed f32)."""
+    """The smallest cosine between `reference` and `model`'s mean-pooled embeddings of `inputs` (`openvino_embeddings`);
+    what this CPU computed (bf16, f32, bf16+f32); and the precision the session falls back to below the floor (None
+    where it computed f32)."""
+    actual, session = openvino_embeddings(model, precision, inputs, packed)
+    cosine = float(((reference * actual).sum(1) / np.linalg.norm(reference, axis=1)
+                    / np.linalg.norm(actual, axis=1)).min())
+    return cosine, session.computes, session.fallback
+
+
+def openvino_embeddings(model: Path, precision: str, inputs: dict[str, np.ndarray], packed: bool):
+    """(`model`'s mean-pooled embeddings of `inputs`, not normalised, run by the runner's OpenVINO session at
+    `precision` as it is served; that session)."""
     import openvino as ov
 
     mask = inputs["attention_mask"]
@@ -478,9 +487,7 @@ def _openvino_cosine(model: Path, precision: str, inputs: dict[str, np.ndarray],
     else:
         session = _runner_module("openvino_session").open_session(str(model), {"precision": precision})
         actual = mean_pooled(next(iter(session(inputs).values())), mask, False)
-    cosine = float(((reference * actual).sum(1) / np.linalg.norm(reference, axis=1)
-                    / np.linalg.norm(actual, axis=1)).min())
-    return cosine, session.computes, session.fallback
+    return actual, session
 
 
 @producer("text-encoder-reference", libraries=("torch", "transformers", "tokenizers"))
