@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tritonpack.build.export_text_encoder as export_text_encoder
-from tests.texts import SENTENCES, assert_embeddings_match
+from tests.texts import SENTENCES, assert_embeddings_match, cosines
 from tritonpack.assembly.text import encoder_artifact
 from tritonpack.build.text_source import SentenceTransformerSource
 from tritonpack.components import SHARED_DIR, Artifact, StepSettings, framework_model, load_model_module
@@ -163,11 +163,9 @@ def test_fp16_weights_are_stored_as_the_fp16_values_that_round_to_their_original
     import openvino as ov
 
     _, ir = packed_ir
-    core = ov.Core()
-    originals = {name: op.get_data(copy=True) for op in core.read_model(str(ir["fp32"])).get_ops()
-                 if op.get_type_name() == "Constant" for name in op.output(0).get_names()}
+    originals = _constants_by_name(ir["fp32"])
     matched = 0
-    for op in core.read_model(str(ir["fp16"])).get_ops():
+    for op in ov.Core().read_model(str(ir["fp16"])).get_ops():
         if op.get_type_name() != "Constant" or op.get_element_type() != ov.Type.f16:
             continue
         names = [n for n in op.output(0).get_names() if n in originals]
@@ -204,10 +202,8 @@ def test_fp16_weights_give_bf16_the_matrices_of_fp32_weights_on_the_check_texts(
     import openvino.opset13 as ops
 
     source, ir = packed_ir
-    core = ov.Core()
-    originals = {name: op.get_data(copy=True) for op in core.read_model(str(ir["fp32"])).get_ops()
-                 if op.get_type_name() == "Constant" for name in op.output(0).get_names()}
-    model = core.read_model(str(ir["fp16"]))
+    originals = _constants_by_name(ir["fp32"])
+    model = ov.Core().read_model(str(ir["fp16"]))
     replaced = 0
     for op in model.get_ops():
         names = [n for n in op.output(0).get_names() if n in originals]
@@ -227,13 +223,21 @@ def test_fp16_weights_give_bf16_the_matrices_of_fp32_weights_on_the_check_texts(
 
     inputs = export_text_encoder.check_inputs(source)
     reference = export_text_encoder.mean_pooled(export_text_encoder._expected(source, inputs),
-                                                inputs["attention_mask"], True)
-    cosines = []
+                                                inputs["attention_mask"], False)
+    to_pytorch = []
     for path in ir["fp16"], fp32_matrices:
         actual, session = export_text_encoder.openvino_embeddings(path, "bf16", inputs, packed=True)
         assert session.computes == "bf16"
-        cosines.append((reference * actual).sum(1) / np.linalg.norm(actual, axis=1))
-    assert np.abs(cosines[0] - cosines[1]).max() < 1e-5
+        to_pytorch.append(cosines(actual, reference))
+    assert np.abs(to_pytorch[0] - to_pytorch[1]).max() < 1e-5
+
+
+def _constants_by_name(ir: Path) -> dict[str, np.ndarray]:
+    """The values of the IR's constants, by each tensor name they carry."""
+    import openvino as ov
+
+    return {name: op.get_data(copy=True) for op in ov.Core().read_model(str(ir)).get_ops()
+            if op.get_type_name() == "Constant" for name in op.output(0).get_names()}
 
 
 def test_build_check_names_fp32_weights_when_fp16_weights_fall_below_the_floor(packed_ir, monkeypatch, tmp_path):

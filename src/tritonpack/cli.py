@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 # Modules that add their own subcommand with `add_command(subparsers)`.
 COMMAND_MODULES: tuple[str, ...] = ("tritonpack.mme", "tritonpack.check", "tritonpack.env", "tritonpack.aws")
 DEMO_TEXTS = ["tritonpack turns notebooks into Triton repositories.", "A second, unrelated sentence."]
+PORT_OPTIONS = ("http_port", "grpc_port", "metrics_port")  # what `serve` may be asked to listen on
 
 
 def cmd_build(args) -> int:
@@ -122,11 +123,11 @@ def build_hint(repository: Path) -> str:
 def cmd_serve(args) -> int:
     from tritonpack.server import native_backends, port_taken
 
-    asked = [(option, port) for option in ("http_port", "grpc_port", "metrics_port") if (port := getattr(args, option))]
+    asked = [(option, port) for option in PORT_OPTIONS if (port := getattr(args, option))]
     for (first, port), (second, other) in itertools.combinations(asked, 2):
         if port == other:  # Triton's refusal came after ~30 lines of its usage text
-            raise UserError(f"--{first.replace('_', '-')} and --{second.replace('_', '-')} both ask for port {port}: "
-                            f"give each its own, or 0 for a free one")
+            raise UserError(f"{_flag(first)} and {_flag(second)} both ask for port {port}: give each its own, or 0 for "
+                            f"a free one")
     repository = Path(args.repository)
     if repository.is_file():
         raise UserError(f"{repository} is a file: `serve` takes a repository folder (dist/bert-portable); a tarball "
@@ -140,9 +141,9 @@ def cmd_serve(args) -> int:
               f"local Triton (python backend only) lacks; {container_serving(repository, 'gpu' if gpu else 'cpu')}",
               flush=True)
         return 0
-    for _, port in asked:  # before tritonserver starts: another one there would answer its readiness
+    for option, port in asked:  # before tritonserver starts: another one there would answer its readiness
         if port_taken(port):
-            raise UserError(taken_by_another_process(port_option(args, port), port))
+            raise UserError(taken_by_another_process(_flag(option), port))
     with startable_by_the_python_backend(repository) as startable:
         return serve(args, startable)
 
@@ -233,8 +234,13 @@ def smoke_request(server: TritonServer, repository: Path) -> None:
 
 def port_option(args: argparse.Namespace, port: int) -> str | None:
     """The option of `serve` that asked for `port`, or None."""
-    given = [option for option in ("http_port", "grpc_port", "metrics_port") if getattr(args, option) == port]
-    return "--" + given[0].replace("_", "-") if given else None
+    given = [option for option in PORT_OPTIONS if getattr(args, option) == port]
+    return _flag(given[0]) if given else None
+
+
+def _flag(option: str) -> str:
+    """An argparse destination as its command-line option: http_port → --http-port."""
+    return "--" + option.replace("_", "-")
 
 
 def refuse_what_would_not_load(repository: Path) -> None:
