@@ -163,16 +163,9 @@ def test_fp16_weights_are_stored_as_the_fp16_values_that_round_to_their_original
     import openvino as ov
 
     _, ir = packed_ir
-    originals = _constants_by_name(ir["fp32"])
     matched = 0
-    for op in ov.Core().read_model(str(ir["fp16"])).get_ops():
-        if op.get_type_name() != "Constant" or op.get_element_type() != ov.Type.f16:
-            continue
-        names = [n for n in op.output(0).get_names() if n in originals]
-        if not names:
-            continue
-        original, stored = originals[names[0]], op.get_data(copy=True)
-        np.testing.assert_array_equal(stored, export_text_encoder.bf16_faithful_fp16(original))
+    for op, original in _fp16_constants_and_originals(ov.Core().read_model(str(ir["fp16"])), ir["fp32"]):
+        np.testing.assert_array_equal(op.get_data(copy=True), export_text_encoder.bf16_faithful_fp16(original))
         matched += original.size
     assert matched > 20_000_000  # MiniLM's 22.7 M parameters, its matrices and embedding tables among them
 
@@ -202,21 +195,17 @@ def test_fp16_weights_give_bf16_the_matrices_of_fp32_weights_on_the_check_texts(
     import openvino.opset13 as ops
 
     source, ir = packed_ir
-    originals = _constants_by_name(ir["fp32"])
     model = ov.Core().read_model(str(ir["fp16"]))
     replaced = 0
-    for op in model.get_ops():
-        names = [n for n in op.output(0).get_names() if n in originals]
-        if op.get_type_name() != "Constant" or op.get_element_type() != ov.Type.f16 or not names:
-            continue
+    for op, original in _fp16_constants_and_originals(model, ir["fp32"]):
         (convert,) = [target.get_node() for target in op.output(0).get_target_inputs()]
         readers = list(convert.output(0).get_target_inputs())
         if any(reader.get_node().get_type_name() != "MatMul" for reader in readers):
             continue  # an embedding table
-        fp32 = ops.constant(originals[names[0]])
+        fp32 = ops.constant(original)
         for reader in readers:
             reader.replace_source_output(fp32.output(0))
-        replaced += originals[names[0]].size
+        replaced += original.size
     assert replaced > 10_000_000  # MiniLM's 36 encoder matrices, 10.6 M weights
     fp32_matrices = tmp_path / "fp32-matrices.xml"
     ov.save_model(model, fp32_matrices, compress_to_fp16=False)
@@ -232,12 +221,18 @@ def test_fp16_weights_give_bf16_the_matrices_of_fp32_weights_on_the_check_texts(
     assert np.abs(to_pytorch[0] - to_pytorch[1]).max() < 1e-5
 
 
-def _constants_by_name(ir: Path) -> dict[str, np.ndarray]:
-    """The values of the IR's constants, by each tensor name they carry."""
+def _fp16_constants_and_originals(model, fp32_ir: Path):
+    """(constant, its fp32 original) for each fp16 constant of `model` whose tensor name `fp32_ir` also carries."""
     import openvino as ov
 
-    return {name: op.get_data(copy=True) for op in ov.Core().read_model(str(ir)).get_ops()
-            if op.get_type_name() == "Constant" for name in op.output(0).get_names()}
+    originals = {name: op.get_data(copy=True) for op in ov.Core().read_model(str(fp32_ir)).get_ops()
+                 if op.get_type_name() == "Constant" for name in op.output(0).get_names()}
+    for op in model.get_ops():
+        if op.get_type_name() != "Constant" or op.get_element_type() != ov.Type.f16:
+            continue
+        names = [n for n in op.output(0).get_names() if n in originals]
+        if names:
+            yield op, originals[names[0]]
 
 
 def test_build_check_names_fp32_weights_when_fp16_weights_fall_below_the_floor(packed_ir, monkeypatch, tmp_path):
