@@ -56,8 +56,8 @@ class TextServing:
     # decides whether fp16 is good enough
     encoder_weights: str = "fp32"
     # portable, with pooling: the encoder reads TEXT and tokenizes each request itself, batching requests on its own
-    # instead of through Triton's batcher: one python process and one hop fewer, but requests it has queued hang if
-    # its stub dies (models/framework_runner/text_requests.py)
+    # instead of through Triton's batcher: one python process and one hop fewer, but Triton never answers the
+    # requests it has queued if its stub dies (models/framework_runner/text_requests.py)
     encoder_tokenizes: bool = False
 
     def __post_init__(self) -> None:

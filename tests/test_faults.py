@@ -1,10 +1,11 @@
 """Fault injection on a real tritonserver: a python stub killed under load (own server: it gets broken).
 
-Observed with Triton 2.51 (README, "Reliability"): requests in flight and every later request routed through the
-dead step fail with 500 "Stub process '<model>_0_0' is not healthy"; the python backend does not restart the stub,
-and `/v2/health/ready` and `/v2/models/<step>/ready` keep answering 200. `TritonServer.dead_stubs()` detects it;
+Observed with Triton 2.51 (README, "Reliability"): every request routed through the dead step after it died fails
+with 500 "Stub process '<model>_0_0' is not healthy"; the requests portable `bert`'s encoder had queued (it reads the
+text and answers through response senders) are never answered; the python backend does not restart the stub, and
+`/v2/health/ready` and `/v2/models/<step>/ready` keep answering 200. `TritonServer.dead_stubs()` detects it;
 restarting the server recovers, and stop() leaves no process, zombie or /dev/shm region behind.
-The local MME's behaviour when tritonserver itself dies is in tests/test_mme.py (restart, 503 with the reason).
+The local MME's behaviour (it restarts Triton for the unanswered calls) is in tests/test_mme.py.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ VALID = hostile.text_request(["a sentence under fire"])
 class Load:
     """8 threads sending valid requests until stopped; (start time, status, error text) per request."""
 
-    def __init__(self, server: TritonServer, path: str, threads: int = 8):
+    def __init__(self, server: TritonServer, path: str, threads: int = 8, timeout_s: float = 60):
         self.server, self.path, self.results, self.done = server, path, [], threading.Event()
+        self.timeout_s = timeout_s
         self.threads = [threading.Thread(target=self._work) for _ in range(threads)]
 
     def _work(self) -> None:
@@ -37,7 +39,8 @@ class Load:
             while not self.done.is_set():
                 start = time.monotonic()
                 try:
-                    status, text = hostile.send(self.server.url, self.path, VALID, session=session, timeout=60)
+                    status, text = hostile.send(self.server.url, self.path, VALID, session=session,
+                                                timeout=self.timeout_s)
                 except requests.RequestException as e:
                     status, text = 0, str(e)
                 self.results.append((start, status, "" if status == 200 else text[:200]))
@@ -61,31 +64,35 @@ def test_served_ensemble_fails_requests_through_dead_step_and_stays_ready_when_a
     regions = server.stub_shm_regions()
     assert regions, "no /dev/shm region of the server's stubs found: the check after stop() would prove nothing"
     try:
-        victim = next(pid for pid, model in server.stub_models().items() if model == "bert_tokenizer")
-        with Load(server, "/v2/models/bert/infer") as load:
+        victim = next(pid for pid, model in server.stub_models().items() if model == "bert_encoder")
+        with Load(server, "/v2/models/bert/infer", timeout_s=8) as load:
             time.sleep(2)
             killed_at = time.monotonic()
             os.kill(victim, signal.SIGKILL)  # a stub of the tritonserver this test started
-            time.sleep(6)
+            time.sleep(2)
+            # each request queued for the dead stub is failed after ~1 s, one after another
+            later = [hostile.send(server.url, "/v2/models/bert/infer", VALID, timeout=30) for _ in range(2)]
         before = Counter(status for start, status, _ in load.results if start < killed_at - 0.5)
-        after = [(status, text) for start, status, text in load.results if start > killed_at + 0.5]
+        unanswered = [status for start, status, _ in load.results if start <= killed_at and status != 200]
         assert set(before) == {200} and sum(before.values()) > 10, before
         if server.process.poll() is not None:
             # Triton 2.51's python backend aborts when the stub died holding the lock of the queue they share (an
             # uncaught boost lock_exception; seen once in many runs): no answer after it, and stop() still cleans up
             assert "boost::interprocess::lock_exception" in server.log_path.read_text()
-            assert after and all(status in (0, 500) for status, _ in after), after[:3]
         else:
-            assert after and all(status == 500 and "is not healthy" in text for status, text in after), after[:3]
+            assert all(status == 500 and "is not healthy" in text for status, text in later), later
+            # those in the dead stub's `execute` failed; those the encoder had queued (if the kill found any) are
+            # never answered by Triton 2.51: the clients' 8 s ran out
+            assert set(unanswered) <= {0, 500}, unanswered
             # Triton 2.51 still calls the server and the model ready: only the stub's state tells
             assert server.is_ready()
-            assert requests.get(f"http://{server.url}/v2/models/bert_tokenizer/ready", timeout=5).status_code == 200
-            assert server.dead_stubs() == ["bert_tokenizer"]
+            assert requests.get(f"http://{server.url}/v2/models/bert_encoder/ready", timeout=5).status_code == 200
+            assert server.dead_stubs() == ["bert_encoder"]
     finally:
         server.stop()
     assert group_members(pgid) == [], "processes (or zombies) of the server's group outlived stop()"
     assert not regions & hostile.shm_regions(), "the server's /dev/shm regions outlived stop()"
-    assert "bert_tokenizer" in server.log_path.read_text(), "the log of a server whose stub died is gone"
+    assert "bert_encoder" in server.log_path.read_text(), "the log of a server whose stub died is gone"
     with TritonServer(build_ensemble("bert").repository) as fresh:
         assert hostile.send(fresh.url, "/v2/models/bert/infer", VALID)[0] == 200
         assert fresh.dead_stubs() == []

@@ -40,8 +40,8 @@ def test_io_names_rename_only_the_ensembles_public_tensors_when_built(notebook_e
     text, _, _ = notebook_endpoint
     ensemble = parse_config((text.repository / "bert" / "config.pbtxt").read_text())
     assert ([t.name for t in ensemble.input], [t.name for t in ensemble.output]) == (["INPUT0"], ["OUTPUT0"])
-    tokenizer = parse_config((text.repository / "bert_tokenizer" / "config.pbtxt").read_text())
-    assert [t.name for t in tokenizer.input] == ["TEXT"]  # the reusable step keeps its own names
+    encoder = parse_config((text.repository / "bert_encoder" / "config.pbtxt").read_text())
+    assert [t.name for t in encoder.input] == ["TEXT"]  # the reusable step keeps its own names
     assert dict(ensemble.ensemble_scheduling.step[0].input_map) == {"TEXT": "INPUT0"}
 
 

@@ -324,7 +324,7 @@ def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(mo
             return status, ok, "" if ok else text
 
         # 1. the stub dies while idle: the next call is answered (Triton unloads the target in ~1 s)
-        os.kill(live_stub(server, "bert_tokenizer"), signal.SIGKILL)  # a stub of the server this test started
+        os.kill(live_stub(server, "bert_encoder"), signal.SIGKILL)  # a stub of the server this test started
         started = time.monotonic()
         assert answered()[1]
         timing("dead_stub_idle_first_call_s", time.monotonic() - started)
@@ -336,7 +336,7 @@ def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(mo
         # Triton 2.51 was seen to never finish that unload; a tiny timeout forces the path): tritonserver is
         # restarted, the calls it cut short are retried, and all three calls are answered
         server.manager.policy = dataclasses.replace(server.manager.policy, dead_unload_timeout_s=0.01)
-        victim = live_stub(server, "bert_tokenizer")
+        victim = live_stub(server, "bert_encoder")
         os.kill(victim, signal.SIGSTOP)
         with ThreadPoolExecutor(2) as pool:
             held = [pool.submit(answered) for _ in range(2)]
@@ -353,7 +353,7 @@ def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(mo
         assert any("restarting tritonserver" in r.getMessage() for r in caplog.records)
 
         # 3. killed a third time within the crash window: quarantined, answered at once, the others served
-        os.kill(live_stub(server, "bert_tokenizer"), signal.SIGKILL)
+        os.kill(live_stub(server, "bert_encoder"), signal.SIGKILL)
         for _ in range(2):  # raw HTTP: boto3 would retry on its own
             status, _, text = answered()
             message = json.loads(text)["message"]
@@ -366,6 +366,43 @@ def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(mo
         timing("stop_after_dead_stub_s", time.monotonic() - started)
     assert time.monotonic() - started < 20, "stop() waited out Triton's exit timeout"
     assert all(group_members(g) == [] for g in pgids), "processes (or zombies) of the MME's tritonservers remain"
+
+
+def test_local_mme_answers_calls_a_killed_stub_had_queued_when_triton_never_answers_them(models_dir, tmp_path,
+                                                                                            caplog):
+    """Portable `bert`'s encoder reads the text, queues each request and answers it later through its response
+    sender; the requests it had queued when its stub died are never answered by Triton 2.51 (tests/test_faults.py).
+    The gateway's watchdog sees calls waiting on a target whose stub is dead, restarts tritonserver, and the calls
+    are tried again: every caller gets its embedding."""
+    caplog.set_level(logging.INFO, logger="tritonpack.mme")
+    server = LocalMME(str(models_dir), port=0, max_models=2, cache_dir=tmp_path / "cache").start()
+    try:
+        probe = HostileProbe(server, "tiny-a.tar.gz", hostile.text_request(FEW))
+        victim, stop_at = live_stub(server, "bert_encoder"), time.monotonic() + 4
+
+        def calls(_) -> list[tuple[int, bool]]:
+            answers = []
+            while time.monotonic() < stop_at:
+                status, text = probe.send(probe.valid)
+                answers.append((status, status == 200 and np.allclose(
+                    mme_support.json_outputs(text)["EMBEDDING"], probe.expected["EMBEDDING"], rtol=1e-5, atol=1e-6)))
+            return answers
+
+        with ThreadPoolExecutor(8) as pool:
+            callers = [pool.submit(calls, i) for i in range(8)]
+            time.sleep(1)
+            os.kill(victim, signal.SIGKILL)  # a stub of the server this test started
+            started = time.monotonic()
+            answers = [a for caller in callers for a in caller.result(timeout=120)]
+        timing("stranded_calls_answered_s", time.monotonic() - started)
+        assert answers and all(ok for _, ok in answers), [a for a in answers if not a[1]][:3]
+        assert metrics(server)["Invocation5XXErrors"] == 0
+        stranded = any("died holding calls Triton does not answer" in r.getMessage() for r in caplog.records)
+        # calls the stub had taken: restarted for; calls only queued in Triton: failed at once, the target reloaded
+        assert (metrics(server)["TritonRestarts"], metrics(server)["ModelReloads"] > 0) == \
+            ((1, False) if stranded else (0, True)), (stranded, metrics(server))
+    finally:
+        server.stop()
 
 
 def test_local_mme_serves_random_targets_when_200_copies_are_on_s3(moto_server, tiny_tarball, tiny_reference,

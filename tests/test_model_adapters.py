@@ -21,7 +21,8 @@ from tritonpack.components import ModelFolder
 
 @pytest.fixture(scope="module")
 def bert(model_folders):
-    return model_folders("bert", "portable")
+    """portable bert as two steps: the tokenizer, and the packed encoder reading token tensors."""
+    return model_folders("bert", "portable", serving=(("encoder_tokenizes", "false"),))
 
 
 def _texts(*texts: bytes) -> InferenceRequest:
@@ -35,8 +36,8 @@ def tokenizer(bert):
 
 @pytest.fixture(scope="module")
 def text_encoder(model_folders):
-    """portable bert's encoder reading the text itself (`encoder_tokenizes`)."""
-    return model_folders("bert", "portable", serving=(("encoder_tokenizes", "true"),))["bert_encoder"]
+    """portable bert's encoder, which reads the text itself (`encoder_tokenizes`, the default)."""
+    return model_folders("bert", "portable")["bert_encoder"]
 
 
 def test_tokenizer_model_fails_only_the_bad_request_when_batch_mixes_valid_and_invalid(tokenizer, python_model):

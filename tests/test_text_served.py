@@ -68,14 +68,17 @@ def test_served_ensemble_gives_same_results_when_eight_clients_run_concurrently(
         stats = http.InferenceServerClient(server.url).get_inference_statistics(f"{name}_encoder")
         return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats["model_stats"][0]["batch_stats"]}
 
+    # Triton batches the encoder's requests behind a tokenizer step; an encoder that reads the text (portable bert)
+    # gets them one by one and batches them itself (tests/test_model_adapters.py proves that part)
+    batched_by_triton = (server.model_repository / f"{name}_tokenizer").is_dir()
     before = executions_by_batch_size()  # earlier tests sent many sentences per request: count only this test's
     with ThreadPoolExecutor(max_workers=8) as pool:
         results = list(pool.map(one_client, range(8)))
     for rows in results:
         assert_matches(rows, reference)
     grown = {size: count - before.get(size, 0) for size, count in executions_by_batch_size().items()}
-    assert any(size > 1 and count > 0 for size, count in grown.items()), \
-        f"one-sentence requests from 8 clients were never batched together: {grown}"
+    assert any(size > 1 and count > 0 for size, count in grown.items()) == batched_by_triton, \
+        f"one-sentence requests from 8 clients, batched by Triton: {batched_by_triton}; executions: {grown}"
 
 
 def _post(url: str, body: dict) -> tuple[int, str]:
@@ -160,7 +163,7 @@ def test_served_encoder_unmaps_the_embedding_rows_its_requests_mapped_once_idle(
 
     server = served("bert")
     encoder = next(pid for pid, model in server.stub_models().items() if model == "bert_encoder")
-    vocabulary = json.loads((server.model_repository / "bert_tokenizer/1/tokenizer.json").read_text())
+    vocabulary = json.loads((server.model_repository / "bert_encoder/1/tokenizer.json").read_text())
     words = [w for w in vocabulary["model"]["vocab"] if w.isalpha() and w.isascii()]
     rng = random.Random(0)
     embed(server.url, "bert", [" ".join(rng.sample(words, 100)) for _ in range(40)])
@@ -188,7 +191,7 @@ def test_bert_serves_the_same_embeddings_when_tritonserver_runs_with_another_mal
         assert server.is_ready(), server.log_path
         assert_matches(embed(server.url, "bert", SENTENCES), reference)
         stubs = server.stub_models()
-        assert len(stubs) == 2 and not server.dead_stubs()
+        assert len(stubs) == 1 and not server.dead_stubs()
         for pid in stubs:  # the stubs run with the allocator, as the server does
             assert str(allocator.resolve()) in Path(f"/proc/{pid}/maps").read_text()
     finally:

@@ -20,7 +20,7 @@ def _copy(configs):
 
 
 @pytest.mark.parametrize(("name", "target", "steps"), [
-    ("bert", "portable", ("tokenizer", "encoder")),  # the packed encoder pools itself
+    ("bert", "portable", ("encoder",)),  # the packed encoder reads the text and pools itself
     ("bert", "cpu", ("tokenizer", "encoder", "pooling")),
     ("bert_pt", "portable", ("tokenizer", "encoder")),  # its TorchScript pools in its graph
 ])
@@ -74,7 +74,7 @@ def test_wiring_reports_batching_when_step_batches_less_than_ensemble(bert_confi
 
 
 def test_wiring_accepts_a_step_that_does_not_batch_when_its_shapes_with_the_batch_dimension_agree(bert_configs):
-    """Triton loads it (verified: the portable bert with its tokenizer at max_batch_size 0, TEXT [-1, 1], outputs
+    """Triton loads it (verified: a portable bert with its tokenizer at max_batch_size 0, TEXT [-1, 1], outputs
     [-1, -1]); the dims as declared differ, the full shapes do not."""
     configs = _copy(bert_configs)
     tokenizer = configs["bert_tokenizer"]

@@ -5,9 +5,9 @@ Triton's python backend fails every request of a dynamic batch when one of them 
 request at a time. It decodes and tokenizes that request, queues it with its response sender and returns None (a
 model that is not decoupled may answer later through the sender, once); one thread takes everything queued, runs
 the encoder on it as one batch and answers each request. Requests are thus batched here instead of by Triton, and a
-text costs one python process and one hop fewer than a tokenizer step in front of the encoder. The price: if this
-stub dies, Triton 2.51 never answers the requests it had queued (docs/performance.md, twenty-second round), so this is
-an option (`encoder_tokenizes`), not the default.
+text costs one python process and one hop fewer than a tokenizer step in front of the encoder (portable `bert`'s
+default, `encoder_tokenizes`). The price: if this stub dies, Triton 2.51 never answers the requests it had queued; the
+local MME restarts Triton for them (`ModelManager.stranded_targets`; docs/performance.md, fifty-eighth round).
 """
 
 from __future__ import annotations

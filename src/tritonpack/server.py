@@ -212,7 +212,7 @@ class TritonServer:
     # the stub of the container's Python instead of this interpreter's (`containers.ContainerPython`)
     container_python: ContainerPython | None = None
     process: subprocess.Popen | None = None
-    _stubs: dict[int, str] = field(default_factory=dict, repr=False)
+    _stubs: dict[int, Path] = field(default_factory=dict, repr=False)  # pid → the model.py it runs
     _regions: set[str] = field(default_factory=set, repr=False)
     _owns_log_dir: bool = field(default=False, repr=False)
     _stopped: bool = field(default=False, repr=False)
@@ -397,17 +397,24 @@ class TritonServer:
             self._regions |= proc.mapped_shm_regions(self.process.pid)
         for pid in self.process_group_pids():
             args = proc.command_line(pid)
-            if (model := proc.stub_model(args)) is not None:
-                self._stubs[pid] = model
+            if (model_file := proc.stub_model_file(args)) is not None:
+                self._stubs[pid] = model_file
                 self._regions.update(proc.stub_shm_regions(args))
-        return dict(self._stubs)
+        return {pid: model_file.parent.parent.name for pid, model_file in self._stubs.items()}
 
     def dead_stubs(self) -> list[str]:
         """Models whose python stub has died (now a zombie of tritonserver). Triton 2.51 keeps answering ready
         for such a model while every request to it fails with 500 "Stub process ... is not healthy"."""
         known = self.stub_models()
-        dead = [pid for pid in self.process_group_pids() if (s := proc.stat(pid)) and s.exited]
-        return sorted(known.get(pid, str(pid)) for pid in dead)
+        return sorted(known.get(pid, str(pid)) for pid in self._dead_pids())
+
+    def dead_stub_files(self) -> list[Path]:
+        """The model.py files of the python stubs that have died (as `dead_stubs`)."""
+        self.stub_models()
+        return sorted(self._stubs[pid] for pid in self._dead_pids() if pid in self._stubs)
+
+    def _dead_pids(self) -> list[int]:
+        return [pid for pid in self.process_group_pids() if (s := proc.stat(pid)) and s.exited]
 
     def _reap(self) -> None:
         """Collect exited stubs re-parented to us (see `_become_subreaper`); others' children are left alone."""

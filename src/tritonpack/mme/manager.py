@@ -6,14 +6,18 @@ Triton refuses gives the evicted target its slot back: a failed load leaves the 
 python stub dies is unloaded and loaded again (tritonserver is restarted only when that unload does not finish); one
 that keeps crashing its stub or the server is quarantined (`health.FaultPolicy`). Triton may still be running a call
 or a load it did not answer in time: that call's target is unloaded like one whose stub died, and that load is ended
-by a restart, so that no slot is freed while Triton may still hold its model. A failed attempt is tried again when
-its `RetryReason` says another may succeed, once per reason: that loop is in `invoke`, nowhere else.
+by a restart, so that no slot is freed while Triton may still hold its model. A call Triton will never answer,
+because the stub that had taken it died, is ended by a restart too (`stranded_targets`, `Recovery`'s watchdog). A
+failed attempt is tried again when its `RetryReason` says another may succeed, once per reason: that loop is in
+`invoke`, nowhere else.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable
 
@@ -62,6 +66,9 @@ class ModelManager:
         self.slots = SlotTable(max_models, self.metrics)
         self.crashes = CrashLedger(self.policy, self.metrics)
         self.recovery = Recovery(self, container, self.policy, self.metrics)
+        self._in_triton: dict[int, tuple[str, float]] = {}  # calls sent to Triton, not answered: id → target, since
+        self._call_ids = itertools.count()
+        self._in_triton_lock = threading.Lock()
 
     def invoke(self, target: str, body: bytes, content_type: str | None) -> Reply:
         """Triton's answer for `body` sent to `target`; raises TargetError when the target cannot be served."""
@@ -81,7 +88,15 @@ class ModelManager:
         slot, reply = self._acquire(target), None
 
         def call() -> Reply:
-            return self.recovery.call(lambda: self.container.invoke(target_hash(target), target, body, content_type))
+            call_id = next(self._call_ids)
+            with self._in_triton_lock:
+                self._in_triton[call_id] = (target, time.monotonic())
+            try:
+                return self.recovery.call(lambda: self.container.invoke(target_hash(target), target, body,
+                                                                        content_type))
+            finally:
+                with self._in_triton_lock:
+                    del self._in_triton[call_id]
 
         try:
             reply = call()
@@ -284,6 +299,26 @@ class ModelManager:
         return Retry(RetryReason.STUB_DIED, TargetError(
             424, f"{target}: a python stub died during the call, and again after the target was loaded again "
                  f"({message}); log: {self.container.log_path}", code="ModelError"))
+
+    def stranded_targets(self, waited_s: float) -> list[str]:
+        """Targets with a call that has waited `waited_s` for Triton while a python stub of the target is dead,
+        each charged with a crash of its stub (once per load, as `_stub_died` charges it). A model that answers
+        through response senders (portable `bert`, whose encoder reads the text and queues requests) has taken such
+        calls before its stub died, and Triton 2.51 never answers them: only a restart ends them. A call inside a
+        dead stub's `execute` is failed by Triton within ~2 s and never waits this long."""
+        now = time.monotonic()
+        with self._in_triton_lock:
+            waiting = {target for target, since in self._in_triton.values() if now - since >= waited_s}
+        if not waiting:
+            return []
+        dead = [model_file.resolve() for model_file in self.container.dead_stub_files()]
+        stranded = sorted(target for target in waiting
+                          if any(f.is_relative_to(self.store.cache.model_dir(target).resolve()) for f in dead))
+        for target in stranded:
+            why = "a python stub died holding calls Triton does not answer"
+            if self.slots.mark_target_broken(target, why):
+                self.crashes.record(target, why)
+        return stranded
 
     def loaded_targets(self) -> list[str]:
         return self.slots.loaded_targets()

@@ -25,6 +25,9 @@ T = TypeVar("T")
 WATCH_INTERVAL_S = 0.5
 DYING_S = 1.0
 REQUESTS_END_S = 10.0  # a request to a stopped server fails at once; this only bounds the wait
+# A call that has waited this long on a target one of whose python stubs is dead will not be answered (Triton 2.51
+# fails calls in a dead stub's `execute` within ~2 s, never those a model queued to answer later): restart
+STRANDED_CALL_S = 5.0
 # Waits after the 1st, 2nd, ... start in a row that failed (a port taken, no memory): the restart budget bounds
 # servers that start and die, so a start that never got ready gives its restart back and waits this instead
 START_RETRY_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
@@ -176,14 +179,24 @@ class Recovery:
         self._watchdog.start()
 
     def _watch(self) -> None:
-        """Restart a server that died between calls (its stubs, orphaned to us, are reaped by the restart) and
-        note the stubs of a live one, so that their /dev/shm regions are removed at stop even if they die."""
+        """Restart a server that died between calls (its stubs, orphaned to us, are reaped by the restart), note
+        the stubs of a live one, so that their /dev/shm regions are removed at stop even if they die, and restart
+        one that holds calls a dead stub had taken (`ModelManager.stranded_targets`)."""
         while not self._done.wait(WATCH_INTERVAL_S):
             if self.container.alive():
                 self.container.track_stubs()
+                self._end_stranded_calls()
             else:
                 with suppress(TargetError):
                     self.ensure_running()
+
+    def _end_stranded_calls(self) -> None:
+        """A restart cuts the calls short and they are tried again (`RetryReason.PLANNED_RESTART`)."""
+        generation = self.container.starts
+        if stranded := self.manager.stranded_targets(STRANDED_CALL_S):
+            with suppress(TargetError):
+                self.restart(f"a python stub of {', '.join(stranded)} died holding calls Triton does not answer",
+                             generation)
 
     def shutdown(self) -> None:
         """No restart from now on; stop tritonserver."""

@@ -168,6 +168,12 @@ class SlotTable:
             slot.broken = slot.broken or why
             return first
 
+    def mark_target_broken(self, target: str, why: str) -> bool:
+        """`mark_broken` for `target`'s slot, by name; False when it has none."""
+        with self._cond:
+            slot = self._slots.get(target)
+            return slot is not None and self.mark_broken(slot, why)
+
     def release(self, slot: Slot, served: bool = False) -> None:
         with self._cond:
             slot.served = slot.served or served
