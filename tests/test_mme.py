@@ -208,7 +208,7 @@ def test_local_mme_answers_400_when_header_names_a_path_outside_the_models(mme, 
 @pytest.mark.parametrize("target, expected", [
     ("garbage.tar.gz", "garbage.tar.gz: archive: not a readable tar"),
     ("escape.tar.gz", "../escaped.txt: path: '..' leads outside the archive"),
-    ("miswired.tar.gz", "bert/config.pbtxt: ensemble_scheduling.step[1] (bert_missing): model bert_missing is not in "
+    ("miswired.tar.gz", "bert/config.pbtxt: ensemble_scheduling.step[0] (bert_missing): model bert_missing is not in "
                         "the repository"),
     ("damaged.tar.gz", "damaged.tar.gz: archive: not a readable tar or tar.gz"),
 ])

@@ -33,7 +33,7 @@ def test_server_leaves_no_process_when_stopped_after_serving(build_ensemble):
     server = TritonServer(build_ensemble("bert", "portable").repository).start()
     try:
         group = server.process_group_pids()
-        assert len(group) >= 3, "expected tritonserver plus a stub per python model instance"
+        assert len(group) >= 2, "expected tritonserver plus a stub per python model instance (bert: its encoder)"
         assert server.log_path.exists()
     finally:
         server.stop()
