@@ -25,7 +25,8 @@ RECIPE = TextRecipe(
         # process per core, which held the weights once per process. The encoder reads the text and batches requests
         # itself (`encoder_tokenizes`): no tokenizer process (−19 MB per loaded model) and one hop fewer; the price,
         # requests it has queued are never answered by Triton 2.51 if its stub dies (docs/performance.md,
-        # fifty-eighth round; the local MME restarts Triton for them).
+        # fifty-eighth round; the local MME restarts Triton for them). With a tokenizer step in front
+        # (`encoder_tokenizes=false`), Triton's batcher waits 500 µs for the encoder.
         "portable": TextServing(max_batch_size=64, encoder_instances=1, encoder_threads=0,
                                 max_queue_delay_microseconds=500, encoder_runtime="openvino",
                                 encoder_precision="bf16", encoder_pack_tokens=256, encoder_pooling=True,
