@@ -261,6 +261,13 @@ class HostileProbe:
         answer = raw_invoke(self.server, self.target, request.body, request.headers)
         return answer.status_code, answer.content.decode(errors="replace")
 
+    def valid_answer(self) -> tuple[int, bool, str]:
+        """The valid request sent again: (status, whether its outputs equal the first answer's, the body if not)."""
+        status, text = self.send(self.valid)
+        ok = status == 200 and all(np.allclose(json_outputs(text)[name], expected, rtol=1e-5, atol=1e-6)
+                                   for name, expected in self.expected.items())
+        return status, ok, "" if ok else text
+
     def check(self, case: hostile.HostileCase) -> None:
         """`case` gets a 4xx with a SageMaker-style error body; gateway and Triton stay up and no python stub dies;
         the next valid request gets the same answer as before.

@@ -317,16 +317,10 @@ def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(mo
     try:
         probe = HostileProbe(server, target, hostile.text_request(FEW))
 
-        def answered(_=None) -> tuple[int, bool, str]:
-            status, text = probe.send(probe.valid)
-            ok = status == 200 and np.allclose(mme_support.json_outputs(text)["EMBEDDING"],
-                                               probe.expected["EMBEDDING"], rtol=1e-5, atol=1e-6)
-            return status, ok, "" if ok else text
-
         # 1. the stub dies while idle: the next call is answered (Triton unloads the target in ~1 s)
         os.kill(live_stub(server, "bert_encoder"), signal.SIGKILL)  # a stub of the server this test started
         started = time.monotonic()
-        assert answered()[1]
+        assert probe.valid_answer()[1]
         timing("dead_stub_idle_first_call_s", time.monotonic() - started)
         values = metrics(server)
         assert (values["ModelReloads"], values["TritonRestarts"], values["Invocation5XXErrors"]) == (1, 0, 0)
@@ -339,11 +333,11 @@ def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(mo
         victim = live_stub(server, "bert_encoder")
         os.kill(victim, signal.SIGSTOP)
         with ThreadPoolExecutor(2) as pool:
-            held = [pool.submit(answered) for _ in range(2)]
+            held = [pool.submit(probe.valid_answer) for _ in range(2)]
             time.sleep(1)
             os.kill(victim, signal.SIGKILL)
             started = time.monotonic()
-            results = [answered()] + [future.result(timeout=120) for future in held]
+            results = [probe.valid_answer()] + [future.result(timeout=120) for future in held]
         timing("dead_stub_in_flight_recovery_s", time.monotonic() - started)
         assert all(ok for _, ok, _ in results), results
         values = metrics(server)
@@ -355,7 +349,7 @@ def test_local_mme_reloads_target_and_answers_when_its_python_stub_was_killed(mo
         # 3. killed a third time within the crash window: quarantined, answered at once, the others served
         os.kill(live_stub(server, "bert_encoder"), signal.SIGKILL)
         for _ in range(2):  # raw HTTP: boto3 would retry on its own
-            status, _, text = answered()
+            status, _, text = probe.valid_answer()
             message = json.loads(text)["message"]
             assert status == 424 and "quarantined" in message and "is not healthy" in message, message
         assert_embeddings_match(embed(runtime_for(server), "tiny-b.tar.gz", FEW), expected)
@@ -380,12 +374,10 @@ def test_local_mme_answers_calls_a_killed_stub_had_queued_when_triton_never_answ
         probe = HostileProbe(server, "tiny-a.tar.gz", hostile.text_request(FEW))
         victim, stop_at = live_stub(server, "bert_encoder"), time.monotonic() + 4
 
-        def calls(_) -> list[tuple[int, bool]]:
+        def calls(_) -> list[tuple[int, bool, str]]:
             answers = []
             while time.monotonic() < stop_at:
-                status, text = probe.send(probe.valid)
-                answers.append((status, status == 200 and np.allclose(
-                    mme_support.json_outputs(text)["EMBEDDING"], probe.expected["EMBEDDING"], rtol=1e-5, atol=1e-6)))
+                answers.append(probe.valid_answer())
             return answers
 
         with ThreadPoolExecutor(8) as pool:
@@ -395,7 +387,7 @@ def test_local_mme_answers_calls_a_killed_stub_had_queued_when_triton_never_answ
             started = time.monotonic()
             answers = [a for caller in callers for a in caller.result(timeout=120)]
         timing("stranded_calls_answered_s", time.monotonic() - started)
-        assert answers and all(ok for _, ok in answers), [a for a in answers if not a[1]][:3]
+        assert answers and all(ok for _, ok, _ in answers), [a for a in answers if not a[1]][:3]
         assert metrics(server)["Invocation5XXErrors"] == 0
         stranded = any("died holding calls Triton does not answer" in r.getMessage() for r in caplog.records)
         # calls the stub had taken: restarted for; calls only queued in Triton: failed at once, the target reloaded

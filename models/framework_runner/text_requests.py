@@ -7,7 +7,7 @@ model that is not decoupled may answer later through the sender, once); one thre
 the encoder on it as one batch and answers each request. Requests are thus batched here instead of by Triton, and a
 text costs one python process and one hop fewer than a tokenizer step in front of the encoder (portable `bert`'s
 default, `encoder_tokenizes`). The price: if this stub dies, Triton 2.51 never answers the requests it had queued; the
-local MME restarts Triton for them (`ModelManager.stranded_targets`; docs/performance.md, fifty-eighth round).
+local MME restarts Triton for them (`ModelManager.charge_stranded_targets`; docs/performance.md, fifty-eighth round).
 """
 
 from __future__ import annotations

@@ -7,19 +7,19 @@ python stub dies is unloaded and loaded again (tritonserver is restarted only wh
 that keeps crashing its stub or the server is quarantined (`health.FaultPolicy`). Triton may still be running a call
 or a load it did not answer in time: that call's target is unloaded like one whose stub died, and that load is ended
 by a restart, so that no slot is freed while Triton may still hold its model. A call Triton will never answer,
-because the stub that had taken it died, is ended by a restart too (`stranded_targets`, `Recovery`'s watchdog). A
+because the stub that had taken it died, is ended by a restart too (`charge_stranded_targets`, `Recovery`'s watchdog). A
 failed attempt is tried again when its `RetryReason` says another may succeed, once per reason: that loop is in
 `invoke`, nowhere else.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import re
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from tritonpack import proc
 from tritonpack.mme.container import Container, Reply
@@ -52,6 +52,12 @@ def _mb(kb: int) -> float:
     return round(kb / proc.KB_PER_MB, 1)
 
 
+def _owner(model_file: Path, folders: dict[str, Path]) -> str | None:
+    """The target (of `ModelManager._folders`) whose folder holds a python stub's `model_file`."""
+    model_file = model_file.resolve()
+    return next((target for target, folder in folders.items() if model_file.is_relative_to(folder)), None)
+
+
 def model_gone(reply: Reply) -> bool:
     """Triton did not resolve the target's name (its answer is 400; a 200's output may hold any text)."""
     return reply.status != 200 and MODEL_GONE.search(reply.message) is not None
@@ -66,8 +72,7 @@ class ModelManager:
         self.slots = SlotTable(max_models, self.metrics)
         self.crashes = CrashLedger(self.policy, self.metrics)
         self.recovery = Recovery(self, container, self.policy, self.metrics)
-        self._in_triton: dict[int, tuple[str, float]] = {}  # calls sent to Triton, not answered: id → target, since
-        self._call_ids = itertools.count()
+        self._in_triton: dict[object, tuple[str, float]] = {}  # calls sent to Triton, unanswered: → target, since
         self._in_triton_lock = threading.Lock()
 
     def invoke(self, target: str, body: bytes, content_type: str | None) -> Reply:
@@ -88,7 +93,7 @@ class ModelManager:
         slot, reply = self._acquire(target), None
 
         def call() -> Reply:
-            call_id = next(self._call_ids)
+            call_id = object()
             with self._in_triton_lock:
                 self._in_triton[call_id] = (target, time.monotonic())
             try:
@@ -300,22 +305,22 @@ class ModelManager:
             424, f"{target}: a python stub died during the call, and again after the target was loaded again "
                  f"({message}); log: {self.container.log_path}", code="ModelError"))
 
-    def stranded_targets(self, waited_s: float) -> list[str]:
+    def charge_stranded_targets(self, waited_s: float) -> list[str]:
         """Targets with a call that has waited `waited_s` for Triton while a python stub of the target is dead,
         each charged with a crash of its stub (once per load, as `_stub_died` charges it). A model that answers
         through response senders (portable `bert`, whose encoder reads the text and queues requests) has taken such
-        calls before its stub died, and Triton 2.51 never answers them: only a restart ends them. A call inside a
-        dead stub's `execute` is failed by Triton within ~2 s and never waits this long."""
+        calls before its stub died, and Triton 2.51 never answers them: only a restart ends them. Calls that did
+        not reach the stub are failed by Triton about a second apart, so behind a few of them a call also waits this
+        long: the restart ends those too, and they are retried as the others."""
         now = time.monotonic()
         with self._in_triton_lock:
             waiting = {target for target, since in self._in_triton.values() if now - since >= waited_s}
         if not waiting:
             return []
-        dead = [model_file.resolve() for model_file in self.container.dead_stub_files()]
-        stranded = sorted(target for target in waiting
-                          if any(f.is_relative_to(self.store.cache.model_dir(target).resolve()) for f in dead))
+        folders = self._folders(waiting)
+        stranded = sorted(waiting & {_owner(f, folders) for f in self.container.dead_stub_files()})
+        why = "a python stub died holding calls Triton does not answer"
         for target in stranded:
-            why = "a python stub died holding calls Triton does not answer"
             if self.slots.mark_target_broken(target, why):
                 self.crashes.record(target, why)
         return stranded
@@ -330,15 +335,17 @@ class ModelManager:
         figure falls as other loaded targets come to share its libraries."""
         if (memory := self.container.memory()) is None:
             return {}
-        folders = {target: self.store.cache.model_dir(target).resolve() for target in targets}
+        folders = self._folders(targets)
         loaded = dict.fromkeys(folders, 0)
         for model_file, kb in memory.stubs.items():
-            model_file = model_file.resolve()
-            owner = next((t for t, folder in folders.items() if model_file.is_relative_to(folder)), None)
-            if owner is not None:
+            if (owner := _owner(model_file, folders)) is not None:
                 loaded[owner] += kb
         return {"total": _mb(memory.total), "tritonserver": _mb(memory.tritonserver),
                 "loaded": {target: _mb(kb) for target, kb in loaded.items()}}
+
+    def _folders(self, targets) -> dict[str, Path]:
+        """Each target's folder in the cache, where its python stubs' model.py files are."""
+        return {target: self.store.cache.model_dir(target).resolve() for target in targets}
 
     def loaded(self, target: str) -> bool:
         return self.slots.phase(target) is Phase.LOADED

@@ -181,7 +181,7 @@ class Recovery:
     def _watch(self) -> None:
         """Restart a server that died between calls (its stubs, orphaned to us, are reaped by the restart), note
         the stubs of a live one, so that their /dev/shm regions are removed at stop even if they die, and restart
-        one that holds calls a dead stub had taken (`ModelManager.stranded_targets`)."""
+        one that holds calls a dead stub had taken (`ModelManager.charge_stranded_targets`)."""
         while not self._done.wait(WATCH_INTERVAL_S):
             if self.container.alive():
                 self.container.track_stubs()
@@ -193,7 +193,7 @@ class Recovery:
     def _end_stranded_calls(self) -> None:
         """A restart cuts the calls short and they are tried again (`RetryReason.PLANNED_RESTART`)."""
         generation = self.container.starts
-        if stranded := self.manager.stranded_targets(STRANDED_CALL_S):
+        if stranded := self.manager.charge_stranded_targets(STRANDED_CALL_S):
             with suppress(TargetError):
                 self.restart(f"a python stub of {', '.join(stranded)} died holding calls Triton does not answer",
                              generation)
