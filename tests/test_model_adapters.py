@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -196,6 +197,17 @@ def test_text_encoder_answers_what_is_queued_before_it_unloads(text_encoder, pyt
     late = _texts(b"after unloading")
     encoder.execute([late])
     assert late.get_response_sender().wait().error().code() == TritonError.UNAVAILABLE
+
+
+@pytest.mark.parametrize(("deployment_sets", "stub_tokenizes_with"), [(None, "false"), ("true", "true")])
+def test_text_encoder_tokenizes_without_the_tokenizers_thread_pool_unless_the_deployment_chose_one(
+        text_encoder, python_model, monkeypatch, deployment_sets, stub_tokenizes_with):
+    if deployment_sets is None:
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    else:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", deployment_sets)
+    python_model(text_encoder)
+    assert os.environ["TOKENIZERS_PARALLELISM"] == stub_tokenizes_with
 
 
 def test_respond_all_answers_a_failing_item_with_its_error_type_only_and_the_others_with_their_results():

@@ -12,6 +12,7 @@ local MME restarts Triton for them (`ModelManager.charge_stranded_targets`; docs
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -91,6 +92,9 @@ class TextRequests:
     def __init__(self, pb_utils, config: dict, params: dict[str, str], tokenizer_path: str, run: Callable,
                  to_tensors: Callable):
         self._pb = pb_utils
+        # One text per call, tokenized on the stub's thread beside the encoder's: the tokenizers library's thread pool
+        # only adds threads and memory here (docs/performance.md, fifty-ninth round). A value the deployment set stays.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self._text = TextInput.from_config(config, params)
         self._tokenizer = TextTokenizer.from_parameters(tokenizer_path, params,
                                                         "token_type_ids" in params["token_inputs"].split(","))
