@@ -92,8 +92,9 @@ class TextRequests:
     def __init__(self, pb_utils, config: dict, params: dict[str, str], tokenizer_path: str, run: Callable,
                  to_tensors: Callable):
         self._pb = pb_utils
-        # One text per call, tokenized on the stub's thread beside the encoder's: the tokenizers library's thread pool
-        # only adds threads and memory here (docs/performance.md, fifty-ninth round). A value the deployment set stays.
+        # Each request is tokenized on the stub's thread while the encoder's threads compute on the same cores: the
+        # tokenizers library's thread pool would only compete with them, and costs threads and memory (docs/
+        # performance.md, fifty-ninth round). A value the deployment set stays.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self._text = TextInput.from_config(config, params)
         self._tokenizer = TextTokenizer.from_parameters(tokenizer_path, params,
