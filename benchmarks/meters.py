@@ -166,6 +166,36 @@ def machine() -> dict:
     }
 
 
+def cpu_throughput(seconds: float = 0.5) -> dict:
+    """The machine's dense-math and interpreter rates now, through kernels no code of this project touches: torch's
+    512×512 matrix product in f32 and in bf16 (AMX or AVX512_BF16 where the CPU has them) on its default threads, and
+    a pure-Python loop. Taken at a run's start and end, they tell a slow hour of the machine from a slow build: one
+    hour the same VM ran every vector-bound side at 0.5–0.7× its rate of the morning (docs/performance.md, sixtieth
+    round)."""
+    import torch
+
+    def rate(step: Callable[[], object], operations: int) -> float:
+        step()  # first call: allocation, kernel choice
+        count, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds:
+            step()
+            count += 1
+        return count * operations / elapsed
+
+    def python_loop() -> int:
+        total = 0
+        for i in range(10_000):
+            total += i
+        return total
+
+    f32 = torch.rand(512, 512)
+    bf16 = f32.to(torch.bfloat16)
+    flops = 2 * 512**3
+    return {"threads": torch.get_num_threads(), "f32_matmul_gflops": rate(lambda: f32 @ f32, flops) / 1e9,
+            "bf16_matmul_gflops": rate(lambda: bf16 @ bf16, flops) / 1e9,
+            "python_loop_million_per_s": rate(python_loop, 10_000) / 1e6}
+
+
 BENCH_PACKAGES = ("nvidia-pytriton", "tritonclient", "openvino", "onnxruntime", "torch", "sentence-transformers",
                   "transformers", "tokenizers", "numpy", "nvidia-dali-cuda120", "pillow")
 

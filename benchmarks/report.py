@@ -222,7 +222,8 @@ def render_markdown(report: dict) -> str:
         f"Machine: **{m['cpu_model']}** (family/model/stepping {m.get('cpu_family_model_stepping', '?')}), "
         f"{m['cores']} cores, flags {flags}; {m['memory_gb']} GB, {m['platform']}, "
         f"Python {m['python']}. Load average (1 min) during the run: min {load.get('load1_min', 0):.1f}, median "
-        f"{load.get('load1_median', 0):.1f}, max {load.get('load1_max', 0):.1f}.", "", HOW, "",
+        f"{load.get('load1_median', 0):.1f}, max {load.get('load1_max', 0):.1f}.{_throughput_probe(report)}", "",
+        HOW, "",
         "## Results", "", "| | measured | per CPU-second | target | met |", "|---|---:|---:|---:|:---:|",
     ]
     for row in report["summary"]:
@@ -245,6 +246,18 @@ def render_markdown(report: dict) -> str:
         lines += [f"- {b['cpu_percent']}% `{b['command'][:100]}`" for b in busy]
     lines += ["", "Plots: " + ", ".join(f"![{p}]({p})" for p in report.get("plots", []))]
     return "\n".join(lines) + "\n"
+
+
+def _throughput_probe(report: dict) -> str:
+    """The sentence giving the machine's rates at the run's start and end; "" for a report without them."""
+    start, end = report.get("cpu_throughput_at_start"), report.get("cpu_throughput_at_end")
+    if not start or not end:
+        return ""
+    rates = ", ".join(f"{what} {start[key]:.0f} → {end[key]:.0f}{unit}" for what, key, unit in (
+        ("f32", "f32_matmul_gflops", ""), ("bf16", "bf16_matmul_gflops", " GFLOP/s"),
+        ("a Python loop", "python_loop_million_per_s", " M additions/s")))
+    return (f" The machine's rates at the start → end of the run (torch's 512×512 matrix product on "
+            f"{start['threads']} threads; runs compare across hours only as far as these agree): {rates}.")
 
 
 def write(report: dict, out: Path) -> None:

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from benchmarks import cold_memory, corpus, images, report, text_peers, text_serving
-from benchmarks.meters import CPU, LoadMonitor, busiest_processes, machine, versions
+from benchmarks.meters import CPU, LoadMonitor, busiest_processes, cpu_throughput, machine, versions
 
 
 @dataclass(frozen=True)
@@ -158,11 +158,12 @@ class Bench:
                   "machine": machine(), "versions": versions(),
                   "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self.settings).items()},
                   "corpus": corpus.describe(corpus.corpus(self.settings.sentences, self.settings.seed)),
-                  "other_processes_at_start": busiest_processes()}
+                  "other_processes_at_start": busiest_processes(), "cpu_throughput_at_start": cpu_throughput()}
         with LoadMonitor() as load:
             result.update(self.experiments())
         result["load"] = load.summary()
         result["other_processes_at_end"] = busiest_processes()
+        result["cpu_throughput_at_end"] = cpu_throughput()
         result["duration_s"] = time.time() - started
         report.write(result, self.out)
         return result

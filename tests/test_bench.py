@@ -108,6 +108,30 @@ def test_machine_records_cpu_model_and_flags_when_read_from_proc():
     assert record["cpu_family_model_stepping"].startswith(f"{family}/{number}/")
 
 
+def test_cpu_throughput_measures_the_machines_matrix_and_interpreter_rates_on_torchs_threads():
+    import torch
+
+    rates = meters.cpu_throughput(seconds=0.05)
+    assert rates["threads"] == torch.get_num_threads() >= 1
+    assert set(rates) == {"threads", "f32_matmul_gflops", "bf16_matmul_gflops", "python_loop_million_per_s"}
+    assert all(rate > 0 for key, rate in rates.items() if key != "threads")
+
+
+def test_report_names_the_machines_rates_at_start_and_end_when_the_run_measured_them():
+    from benchmarks import report
+
+    base = {"mode": "full", "started": "", "summary": [], "versions": {}, "settings": {},
+            "machine": {"cpu_model": "x", "cores": 2, "cpu_flags": {}, "memory_gb": 1, "platform": "", "python": ""}}
+    probe = {"cpu_throughput_at_start": {"threads": 2, "f32_matmul_gflops": 312.4, "bf16_matmul_gflops": 1010.2,
+                                         "python_loop_million_per_s": 40.2},
+             "cpu_throughput_at_end": {"threads": 2, "f32_matmul_gflops": 201.0, "bf16_matmul_gflops": 640.0,
+                                       "python_loop_million_per_s": 39.6}}
+    rendered = report.render_markdown(base | probe)
+    assert ("product on 2 threads; runs compare across hours only as far as these agree): f32 312 → 201, bf16 1010 "
+            "→ 640 GFLOP/s, a Python loop 40 → 40 M additions/s.") in rendered
+    assert "rates at the start" not in report.render_markdown(base)  # reports from before the probe render as before
+
+
 def test_peer_env_is_ready_only_when_its_stamp_names_the_same_requirements(tmp_path):
     env = peers.PeerEnv("example", ("pkg==1.0",))
     assert not env.ready(tmp_path)
@@ -159,7 +183,7 @@ def test_bench_smoke_writes_report_files_with_expected_keys_when_run(test_dist, 
     on_disk = json.loads((out / "report.json").read_text())
     assert on_disk["summary"] == json.loads(json.dumps(report["summary"]))
     for key in ("machine", "versions", "settings", "corpus", "load", "peers", "served_over_same_encoder", "mme",
-                "sizes", "summary", "plots"):
+                "sizes", "summary", "plots", "cpu_throughput_at_start", "cpu_throughput_at_end"):
         assert on_disk.get(key), key
         assert not isinstance(on_disk[key], dict) or on_disk[key].get("available", True), on_disk[key]
     assert {"cpu_model", "cores", "cpu_flags"} <= set(on_disk["machine"])
