@@ -169,9 +169,9 @@ def machine() -> dict:
 def cpu_throughput(seconds: float = 0.5) -> dict:
     """The machine's dense-math and interpreter rates now, through kernels no code of this project touches: torch's
     512×512 matrix product in f32 and in bf16 (AMX or AVX512_BF16 where the CPU has them) on its default threads, and
-    a pure-Python loop. Taken at a run's start and end, they tell a slow hour of the machine from a slow build: one
-    hour the same VM ran every vector-bound side at 0.5–0.7× its rate of the morning (docs/performance.md, sixtieth
-    round)."""
+    a pure-Python loop. Taken at a run's start and end, they are what runs of different hours are compared against:
+    one hour the same VM ran every vector-bound side at 0.5–0.7× its morning rate at the same load average, and
+    nothing in the report said so (docs/performance.md, sixtieth round)."""
     import torch
 
     def rate(step: Callable[[], object], operations: int) -> float:
