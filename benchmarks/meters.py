@@ -171,7 +171,7 @@ def cpu_throughput(seconds: float = 0.5) -> dict:
     512×512 matrix product in f32 and in bf16 (AMX or AVX512_BF16 where the CPU has them) on its default threads, and
     a pure-Python loop. Taken at a run's start and end, they are what runs of different hours are compared against:
     one hour the same VM ran every vector-bound side at 0.5–0.7× its morning rate at the same load average, and
-    nothing in the report said so (docs/performance.md, sixtieth round)."""
+    nothing in the report said so. In such an hour these fell 10–20 % (docs/performance.md, sixtieth round)."""
     import torch
 
     def rate(step: Callable[[], object], operations: int) -> float:
