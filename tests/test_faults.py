@@ -26,6 +26,14 @@ from tritonpack.server import TritonServer
 VALID = hostile.text_request(["a sentence under fire"])
 
 
+def send_valid(server: TritonServer, path: str, timeout_s: float, session=None) -> tuple[int, str]:
+    """(status, text) of one valid request; (0, the reason) when nothing answers, as after the server aborted."""
+    try:
+        return hostile.send(server.url, path, VALID, session=session, timeout=timeout_s)
+    except requests.RequestException as e:
+        return 0, str(e)
+
+
 class Load:
     """8 threads sending valid requests until stopped; (start time, status, error text) per request."""
 
@@ -38,11 +46,7 @@ class Load:
         with requests.Session() as session:
             while not self.done.is_set():
                 start = time.monotonic()
-                try:
-                    status, text = hostile.send(self.server.url, self.path, VALID, session=session,
-                                                timeout=self.timeout_s)
-                except requests.RequestException as e:
-                    status, text = 0, str(e)
+                status, text = send_valid(self.server, self.path, self.timeout_s, session)
                 self.results.append((start, status, "" if status == 200 else text[:200]))
 
     def __enter__(self) -> Load:
@@ -71,7 +75,7 @@ def test_served_ensemble_fails_requests_through_dead_step_and_stays_ready_when_a
             os.kill(victim, signal.SIGKILL)  # a stub of the tritonserver this test started
             time.sleep(2)
             # each request queued for the dead stub is failed after ~1 s, one after another
-            later = [hostile.send(server.url, "/v2/models/bert/infer", VALID, timeout=30) for _ in range(2)]
+            later = [send_valid(server, "/v2/models/bert/infer", 30) for _ in range(2)]
         before = Counter(status for start, status, _ in load.results if start < killed_at - 0.5)
         unanswered = [status for start, status, _ in load.results if start <= killed_at and status != 200]
         assert set(before) == {200} and sum(before.values()) > 10, before
