@@ -82,7 +82,7 @@ def test_served_ensemble_fails_requests_through_dead_step_and_stays_ready_when_a
         if server.process.poll() is not None:
             # Triton 2.51's python backend aborts when the stub died holding the lock of the queue they share (an
             # uncaught boost lock_exception; seen once in many runs): no answer after it, and stop() still cleans up
-            assert "boost::interprocess::lock_exception" in server.log_path.read_text()
+            assert hostile.STUB_LOCK_ABORT in server.log_path.read_text()
         else:
             assert all(status == 500 and "is not healthy" in text for status, text in later), later
             # those in the dead stub's `execute` failed; those the encoder had queued (if the kill found any) are

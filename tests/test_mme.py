@@ -367,7 +367,8 @@ def test_local_mme_answers_calls_a_killed_stub_had_queued_when_triton_never_answ
     """Portable `bert`'s encoder reads the text, queues each request and answers it later through its response
     sender; the requests it had queued when its stub died are never answered by Triton 2.51 (tests/test_faults.py).
     The gateway's watchdog sees calls waiting on a target whose stub is dead, restarts tritonserver, and the calls
-    are tried again: every caller gets its embedding."""
+    are tried again: every caller gets its embedding. (Unless Triton aborts as the stub dies, a rare fault of its own:
+    then the calls in flight are answered 503 and the restarted server serves the next ones.)"""
     caplog.set_level(logging.INFO, logger="tritonpack.mme")
     server = LocalMME(str(models_dir), port=0, max_models=2, cache_dir=tmp_path / "cache").start()
     try:
@@ -387,12 +388,21 @@ def test_local_mme_answers_calls_a_killed_stub_had_queued_when_triton_never_answ
             started = time.monotonic()
             answers = [a for caller in callers for a in caller.result(timeout=120)]
         timing("stranded_calls_answered_s", time.monotonic() - started)
-        assert answers and all(ok for _, ok, _ in answers), [a for a in answers if not a[1]][:3]
-        assert metrics(server)["Invocation5XXErrors"] == 0
-        stranded = any("died holding calls Triton does not answer" in r.getMessage() for r in caplog.records)
-        # calls the stub had taken: restarted for; calls only queued in Triton: failed at once, the target reloaded
-        assert (metrics(server)["TritonRestarts"], metrics(server)["ModelReloads"] > 0) == \
-            ((1, False) if stranded else (0, True)), (stranded, metrics(server))
+        failed = [(status, text[:200]) for status, ok, text in answers if not ok]
+        values = metrics(server)
+        assert answers and probe.valid_answer()[1], failed[:3]
+        if hostile.STUB_LOCK_ABORT in server.triton.log_path.read_text(errors="replace"):
+            # Triton 2.51's python backend may abort when the stub died holding their shared queue's lock (rare;
+            # tests/test_faults.py): the calls in flight then are answered 503 (a server death is never retried:
+            # the call could have caused it), the server is restarted once, and the calls after it are served
+            assert all(status == 503 and "tritonserver exited" in text for status, text in failed), failed[:3]
+            assert (values["TritonRestarts"], values["Invocation5XXErrors"]) == (1, len(failed)), values
+        else:
+            assert not failed and values["Invocation5XXErrors"] == 0, failed[:3]
+            stranded = any("died holding calls Triton does not answer" in r.getMessage() for r in caplog.records)
+            # calls the stub had taken: restarted for; calls only queued in Triton: failed at once, target reloaded
+            assert (values["TritonRestarts"], values["ModelReloads"] > 0) == \
+                ((1, False) if stranded else (0, True)), (stranded, values)
     finally:
         server.stop()
 
