@@ -80,8 +80,7 @@ def test_served_ensemble_fails_requests_through_dead_step_and_stays_ready_when_a
         unanswered = [status for start, status, _ in load.results if start <= killed_at and status != 200]
         assert set(before) == {200} and sum(before.values()) > 10, before
         if server.process.poll() is not None:
-            # Triton 2.51's python backend aborts when the stub died holding the lock of the queue they share (an
-            # uncaught boost lock_exception; seen once in many runs): no answer after it, and stop() still cleans up
+            # Triton's rare abort (`hostile.STUB_LOCK_ABORT`): no answer after it, and stop() still cleans up
             assert hostile.STUB_LOCK_ABORT in server.log_path.read_text()
         else:
             assert all(status == 500 and "is not healthy" in text for status, text in later), later
