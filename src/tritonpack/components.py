@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib
 import sys
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -44,13 +45,20 @@ def instance_kind(target: str) -> str:
     return "KIND_GPU" if target == "gpu" else "KIND_CPU"
 
 
+# CPython 3.11's AST constructor keeps its recursion depth in interpreter-wide state: two threads parsing at once
+# (the local MME checking two tarballs) can fail with "SystemError: AST constructor recursion depth mismatch"
+_PARSE_LOCK = threading.Lock()
+
+
 def module_imports(source: str | bytes, python: str | None = None) -> set[str]:
     """Top-level names a module imports anywhere in it: at import time, and inside functions, which a model's
     `initialize` or `execute` runs as surely. Raises SyntaxError where this interpreter cannot parse it, or, given
     `python` (X.Y), where it uses syntax newer than that Python (as far as `ast`'s `feature_version` tells)."""
     names: set[str] = set()
     grammar = tuple(map(int, python.split("."))) if python else None
-    for node in ast.walk(ast.parse(source, feature_version=grammar)):
+    with _PARSE_LOCK:
+        tree = ast.parse(source, feature_version=grammar)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
