@@ -462,6 +462,26 @@ def test_check_warns_when_more_than_five_model_folders(tmp_path):
                                      "this target, slowing cold starts") in report.warnings
 
 
+@pytest.mark.parametrize("batched, warned", [("pre", True), ("enc", False), ("pre alone", True)])
+def test_check_warns_when_a_python_step_reading_client_bytes_batches_requests(tmp_path, batched, warned):
+    """Triton's python backend fails a whole batch on one request with malformed BYTES framing; `enc` batches
+    requests too, but reads the tensors `pre` made, not the client's. `pre alone`: a tarball of that one model."""
+    root = write_repo(tmp_path / "repo")
+    if batched == "pre alone":
+        for folder in ("enc", "ens"):
+            shutil.rmtree(root / folder)
+        (root / "manifest.json").unlink()
+    append(root, batched.split()[0], "dynamic_batching { }")
+    if (root / "manifest.json").exists():
+        refresh_manifest(root)
+    report = check(as_tarball(root))
+    expected = Problem("pre/config.pbtxt", "dynamic_batching",
+                       "batches requests but reads the client's BYTES (TEXT): Triton's python backend fails every "
+                       "request of a batch when one has malformed BYTES framing, so one bad client request fails its "
+                       "neighbours; remove dynamic_batching unless every client is your own")
+    assert report.ok and report.warnings == ([expected] if warned else [])
+
+
 @pytest.mark.parametrize("source", [
     "import numpy\nfrom tokenizers import Tokenizer\n",
     # imports an `initialize` or a `with` block runs were not looked at: such a model failed at load in Triton

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonpack.archive import Problem
 from tritonpack.backends import ENV_PARAMETER, LOADED_FILES, MODEL_DIR_VAR, PLATFORMS
@@ -165,6 +166,7 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
         for unused in sorted(set(configs) - used - {name}):
             warnings.append(Problem(f"{unused}/config.pbtxt", "name", f"not a step of ensemble {name}; it loads "
                                                                       f"but nothing calls it"))
+    warnings.extend(_batched_text_readers(configs, entry))
     if len(top_dirs) > MAX_MODELS_WITHOUT_WARNING:
         warnings.append(Problem(label, "models", f"{len(top_dirs)} model folders (more than "
                                                  f"{MAX_MODELS_WITHOUT_WARNING}): each loads in every MME instance "
@@ -174,6 +176,32 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
     report.problems = list(dict.fromkeys(problems))  # an environment several models use is judged once
     report.warnings = list(dict.fromkeys(warnings))
     return report
+
+
+def _batched_text_readers(configs: dict, entry: str | None) -> list[Problem]:
+    """Python models that read the client's BYTES with Triton's dynamic batching on: the python backend validates
+    every request's BYTES framing while it gathers a batch and fails the whole batch on one malformed request
+    (docs/performance.md, fifty-eighth round), so one bad client request fails the requests batched with it."""
+    folders = {cfg.name or folder: folder for folder, cfg in configs.items()}
+    if entry not in folders:
+        return []
+    entry_cfg = configs[folders[entry]]
+    client_bytes = {t.name for t in entry_cfg.input if t.data_type == mc.TYPE_STRING}
+    if entry_cfg.platform == "ensemble":
+        readers = [(step.model_name, sorted(k for k, v in step.input_map.items() if v in client_bytes))
+                   for step in entry_cfg.ensemble_scheduling.step]
+    else:
+        readers = [(entry, sorted(client_bytes))]
+    warnings = []
+    for name, inputs in readers:
+        cfg = configs.get(folders.get(name, ""))
+        if inputs and cfg is not None and cfg.backend == "python" and cfg.HasField("dynamic_batching"):
+            warnings.append(Problem(f"{folders[name]}/config.pbtxt", "dynamic_batching",
+                                    f"batches requests but reads the client's BYTES ({', '.join(inputs)}): Triton's "
+                                    f"python backend fails every request of a batch when one has malformed BYTES "
+                                    f"framing, so one bad client request fails its neighbours; remove "
+                                    f"dynamic_batching unless every client is your own"))
+    return warnings
 
 
 def _no_environment_fix(manifest: dict | None) -> str | None:
