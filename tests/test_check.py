@@ -467,12 +467,12 @@ def test_check_warns_when_a_python_step_reading_client_bytes_batches_requests(tm
     """Triton's python backend fails a whole batch on one request with malformed BYTES framing; `enc` batches
     requests too, but reads the tensors `pre` made, not the client's. `pre alone`: a tarball of that one model."""
     root = write_repo(tmp_path / "repo")
+    append(root, batched.split()[0], "dynamic_batching { }")
     if batched == "pre alone":
         for folder in ("enc", "ens"):
             shutil.rmtree(root / folder)
         (root / "manifest.json").unlink()
-    append(root, batched.split()[0], "dynamic_batching { }")
-    if (root / "manifest.json").exists():
+    else:
         refresh_manifest(root)
     report = check(as_tarball(root))
     expected = Problem("pre/config.pbtxt", "dynamic_batching",

@@ -187,14 +187,12 @@ def _batched_text_readers(configs: dict, entry: str | None) -> list[Problem]:
         return []
     entry_cfg = configs[folders[entry]]
     client_bytes = {t.name for t in entry_cfg.input if t.data_type == mc.TYPE_STRING}
-    if entry_cfg.platform == "ensemble":
-        readers = [(step.model_name, sorted(k for k, v in step.input_map.items() if v in client_bytes))
-                   for step in entry_cfg.ensemble_scheduling.step]
-    else:
-        readers = [(entry, sorted(client_bytes))]
+    readers = [(step.model_name, step.input_map) for step in entry_cfg.ensemble_scheduling.step] \
+        if entry_cfg.platform == "ensemble" else [(entry, {name: name for name in client_bytes})]
     warnings = []
-    for name, inputs in readers:
-        cfg = configs.get(folders.get(name, ""))
+    for name, input_map in readers:
+        inputs = sorted(own for own, tensor in input_map.items() if tensor in client_bytes)
+        cfg = configs[folders[name]] if name in folders else None
         if inputs and cfg is not None and cfg.backend == "python" and cfg.HasField("dynamic_batching"):
             warnings.append(Problem(f"{folders[name]}/config.pbtxt", "dynamic_batching",
                                     f"batches requests but reads the client's BYTES ({', '.join(inputs)}): Triton's "
