@@ -148,7 +148,8 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
     entry, entry_problems = _entry_point(label, top_dirs, top_files, configs, ensembles)
     problems.extend(entry_problems)
     report.ensemble = entry
-    by_name = {cfg.name or folder: cfg for folder, cfg in configs.items()}
+    folder_of = {cfg.name or folder: folder for folder, cfg in configs.items()}
+    by_name = {name: configs[folder] for name, folder in folder_of.items()}
     versions = {cfg.name or folder: _versions(tree, folder) for folder, cfg in configs.items()}
     for folder, cfg in configs.items():
         if cfg.platform != "ensemble" and SAGEMAKER_ENSEMBLE.search(tree.texts[f"{folder}/config.pbtxt"].decode()):
@@ -166,7 +167,8 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
         for unused in sorted(set(configs) - used - {name}):
             warnings.append(Problem(f"{unused}/config.pbtxt", "name", f"not a step of ensemble {name}; it loads "
                                                                       f"but nothing calls it"))
-    warnings.extend(_batched_text_readers(configs, entry))
+    if entry is not None:
+        warnings.extend(_batched_text_readers(configs, folder_of, entry))
     if len(top_dirs) > MAX_MODELS_WITHOUT_WARNING:
         warnings.append(Problem(label, "models", f"{len(top_dirs)} model folders (more than "
                                                  f"{MAX_MODELS_WITHOUT_WARNING}): each loads in every MME instance "
@@ -178,23 +180,20 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
     return report
 
 
-def _batched_text_readers(configs: dict, entry: str | None) -> list[Problem]:
+def _batched_text_readers(configs: dict, folder_of: dict[str, str], entry: str) -> list[Problem]:
     """Python models that read the client's BYTES with Triton's dynamic batching on: the python backend validates
     every request's BYTES framing while it gathers a batch and fails the whole batch on one malformed request
     (docs/performance.md, fifty-eighth round), so one bad client request fails the requests batched with it."""
-    folders = {cfg.name or folder: folder for folder, cfg in configs.items()}
-    if entry not in folders:
-        return []
-    entry_cfg = configs[folders[entry]]
+    entry_cfg = configs[entry]
     client_bytes = {t.name for t in entry_cfg.input if t.data_type == mc.TYPE_STRING}
-    readers = [(step.model_name, step.input_map) for step in entry_cfg.ensemble_scheduling.step] \
+    readers = [(folder_of.get(step.model_name), step.input_map) for step in entry_cfg.ensemble_scheduling.step] \
         if entry_cfg.platform == "ensemble" else [(entry, {name: name for name in client_bytes})]
     warnings = []
-    for name, input_map in readers:
+    for folder, input_map in readers:
         inputs = sorted(own for own, tensor in input_map.items() if tensor in client_bytes)
-        cfg = configs[folders[name]] if name in folders else None
+        cfg = configs.get(folder)  # None for a step no folder holds, which wiring_problems reports
         if inputs and cfg is not None and cfg.backend == "python" and cfg.HasField("dynamic_batching"):
-            warnings.append(Problem(f"{folders[name]}/config.pbtxt", "dynamic_batching",
+            warnings.append(Problem(f"{folder}/config.pbtxt", "dynamic_batching",
                                     f"batches requests but reads the client's BYTES ({', '.join(inputs)}): Triton's "
                                     f"python backend fails every request of a batch when one has malformed BYTES "
                                     f"framing, so one bad client request fails its neighbours; remove "
