@@ -150,7 +150,7 @@ def check_tree(tree: Tree, label: str, python: str | None = None, container: str
     report.ensemble = entry
     folder_of = {cfg.name or folder: folder for folder, cfg in configs.items()}
     by_name = {name: configs[folder] for name, folder in folder_of.items()}
-    versions = {cfg.name or folder: _versions(tree, folder) for folder, cfg in configs.items()}
+    versions = {name: _versions(tree, folder) for name, folder in folder_of.items()}
     for folder, cfg in configs.items():
         if cfg.platform != "ensemble" and SAGEMAKER_ENSEMBLE.search(tree.texts[f"{folder}/config.pbtxt"].decode()):
             problems.append(Problem(f"{folder}/config.pbtxt", "platform", 'not an ensemble, but its text says '
