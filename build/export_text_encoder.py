@@ -411,33 +411,29 @@ def _store_fp16_constants_bf16_faithfully(xml: Path, originals: dict[str, np.nda
     weights.tofile(xml.with_suffix(".bin"))
 
 
-def _cpu_bf16() -> dict[str, bool]:
-    """Whether this CPU computes bf16 natively: OpenVINO runs a bf16 hint in bf16 only then (else fp32)."""
-    flags = set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
-    return {"native_bf16": bool(flags & {"avx512_bf16", "amx_bf16"})}
+def _cpu_signature() -> dict[str, str]:
+    """This CPU and OpenVINO as far as the check's result depends on them (whether bf16 is native, how it rounds)."""
+    return {"cpu": _runner_module("openvino_session").cpu_signature()}
 
 
 @producer("text-encoder-openvino-check", libraries=("openvino",),
-          code=(RUNNER_DIR / "openvino_session.py", RUNNER_DIR / "packing.py"), environment=_cpu_bf16)
+          code=(RUNNER_DIR / "openvino_session.py", RUNNER_DIR / "packing.py"), environment=_cpu_signature)
 def openvino_check(out_dir: Path, source: SentenceTransformerSource, model: Path, precision: str, packed: bool) -> None:
     """Run the plain or packed export `model` (ONNX, or IR with its weights in 16 or 32 bits) with the runner's OpenVINO
     session at `precision` (fp32 | bf16) on this CPU and compare its mean-pooled embeddings with PyTorch's. Where this
     CPU runs bf16 below MIN_EMBEDDING_COSINE, the served encoder reopens at the precision the session names (bf16 for
     long sentences only, bf16 up to the middle layer, then fp32: it checks itself at load against `reference.npz`), so
     those are checked in turn, packed as the runner packs for them. Writes what this CPU would serve and its smallest
-    cosine to `check.json` and raises when that is below the floor. Where the CPU has no native bf16, OpenVINO runs fp32
-    and the check says so."""
+    cosine to `check.json` and raises when that is below the floor: `serves`, the precision it held at, and `cpu`,
+    this CPU's signature, for a runner on the same CPU to open there directly. Where the CPU has no native bf16,
+    OpenVINO runs fp32 and the check says so."""
     inputs = check_inputs(source)
     reference = mean_pooled(_expected(source, inputs), inputs["attention_mask"], False)
     cosine, ran, fallback = _openvino_cosine(model, precision, inputs, reference, packed)
-    below, serves = {}, None  # what ran on this CPU below the floor → its min cosine; what is served instead
+    below, serving, described = {}, precision, None  # what ran below the floor → its min cosine; what is served
     while not cosine >= MIN_EMBEDDING_COSINE and fallback:
-        below[ran], serves = cosine, fallback[1]
-        cosine, ran, fallback = _openvino_cosine(model, fallback[0], inputs, reference, packed)
+        below[ran], (serving, described) = cosine, fallback
+        cosine, ran, fallback = _openvino_cosine(model, serving, inputs, reference, packed)
     stored = _stored_weights(Path(model))
     if not cosine >= MIN_EMBEDDING_COSINE:
         raise RuntimeError(f"OpenVINO {precision} ({ran}) embeddings of {source.path} with {stored} weights reach "
@@ -448,9 +444,10 @@ def openvino_check(out_dir: Path, source: SentenceTransformerSource, model: Path
         print(f"{head} cosine {cosine:.6f}")
     else:
         print(f"{head} cosine {', then '.join(f'{c:.6f} ({r})' for r, c in below.items())} < {MIN_EMBEDDING_COSINE} "
-              f"on this CPU, so the encoder serves {serves} here (min cosine {cosine:.6f}, {ran})")
+              f"on this CPU, so the encoder serves {described} here (min cosine {cosine:.6f}, {ran})")
     (out_dir / "check.json").write_text(json.dumps({"precision": precision, "ran": ran, "weights": stored,
-                                                    "min_cosine": cosine, "below_floor": below}))
+                                                    "min_cosine": cosine, "below_floor": below, "serves": serving,
+                                                    **_cpu_signature()}))
 
 
 def _openvino_cosine(model: Path, precision: str, inputs: dict[str, np.ndarray], reference: np.ndarray,

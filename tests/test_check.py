@@ -165,6 +165,20 @@ def runner_file_outside(root):
     append(root, "pre", 'parameters { key: "artifact" value { string_value: "../model.onnx" } }')
 
 
+def openvino_runner(root: Path, **params: str) -> None:
+    append(root, "pre", "\n".join(f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}'
+                                   for key, value in {"framework": "openvino", **params}.items()))
+
+
+def precision_unknown(root):
+    openvino_runner(root, precision="fp8")
+
+
+def build_cpu_precision_not_a_fall_back(root):
+    openvino_runner(root, precision="mixed", build_cpu="GenuineIntel 6/207/2 avx2 openvino 2026.4.1",
+                    build_cpu_precision="bf16")
+
+
 def unread_ensemble_input(root):
     extra = 'input {\n  name: "EXTRA"\n  data_type: TYPE_FP32\n  dims: 1\n}\n'
     rewrite(root / "ens" / "config.pbtxt", "output {", extra + "output {")
@@ -319,6 +333,11 @@ CORPUS = {  # name → (mutation, needs an env in the repository, expected probl
                                                         "folder at load")),
     "runner_file_outside": (runner_file_outside, False, Problem(
         "pre/1/../model.onnx", "parameters.artifact", "must name a file inside the version folder")),
+    # what the OpenVINO runner's session refuses at load (models/framework_runner/openvino_session.py)
+    "precision_unknown": (precision_unknown, False, Problem(
+        "pre/config.pbtxt", "parameters.precision", "'fp8' is not one of fp32, bf16, bf16-long, mixed")),
+    "build_cpu_precision_not_a_fall_back": (build_cpu_precision_not_a_fall_back, False, Problem(
+        "pre/config.pbtxt", "parameters.build_cpu_precision", "'bf16' is not a precision mixed falls back to (fp32)")),
     "artifact_changed": (artifact_changed, False, Problem("enc/1/model.onnx", "sha256", "differs from manifest.json "
                                                                                         "(changed after the build)")),
     "manifest_digests_malformed": (manifest_digests_malformed, False, Problem(

@@ -8,6 +8,9 @@ sentences all have more than SHORT_TOKENS tokens in bf16 (the first half, then a
 others as `mixed`; the caller says which (`shortest`) and packs short sentences apart (`short_tokens`,
 `short_pack_tokens`). A session names the precision to reopen at when its embeddings miss the floor (`fallback`):
 bf16 → bf16-long → mixed → fp32, which the runner's load-time check (through `reopened`) and the build's check follow.
+Where the build's check fell back on a CPU of the same signature (`cpu_signature`: the same model, ISA and OpenVINO),
+the build names that CPU and precision (`build_cpu`, `build_cpu_precision`) and the session opens there directly
+(`starting_precision`): the attempts that missed on that CPU are not compiled again at every load.
 
 One compiled model (two chained, for `mixed`; a third, for `bf16-long`) serves the whole process, with every CPU this
 process may run on (`os.sched_getaffinity`, fewer where its cgroup's CPU quota is smaller: `cpu_quota`; `threads` > 0
@@ -27,6 +30,7 @@ from __future__ import annotations
 import mmap
 import os
 import queue
+import re
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -53,9 +57,61 @@ SHORT_PACK_TOKENS = 64
 FALLBACK = {"bf16": (BF16_LONG, f"bf16 for sentences of more than {SHORT_TOKENS} tokens, for shorter ones bf16 up "
                                 f"to the middle layer and fp32 after"),
             BF16_LONG: (MIXED, "bf16 up to the middle layer and fp32 after"), MIXED: ("fp32", "fp32")}
+PRECISIONS = (*OPENVINO_PRECISION, BF16_LONG, MIXED)
+# The CPU flags OpenVINO's CPU plugin picks its kernels (and so its bf16 and fp16 rounding) by
+SIGNATURE_FLAGS = re.compile(r"(avx|amx|fma|f16c|sse4)\w*")
 HIDDEN = "hidden_state"  # what a split model's first half hands to its second
 CPUS_PER_STREAM = 4  # a stream's threads share each pack's matrix products; more streams run more packs at once
 MAX_STREAMS = 4  # each stream keeps its own state per input shape (~15-35 MB on 2 CPUs, docs/performance.md)
+
+
+def cpu_signature() -> str:
+    """What a precision check's result depends on besides the model: this CPU's vendor, family/model/stepping and
+    the instruction sets OpenVINO dispatches on, and OpenVINO's version."""
+    import openvino as ov
+
+    fields = {}
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if not line.strip():
+            break  # the first CPU's fields end
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    flags = sorted(f for f in fields.get("flags", "").split() if SIGNATURE_FLAGS.fullmatch(f))
+    return (f"{fields.get('vendor_id', '?')} {fields.get('cpu family', '?')}/{fields.get('model', '?')}/"
+            f"{fields.get('stepping', '?')} {','.join(flags)} openvino {ov.get_version()}")
+
+
+def falls_back_to(precision: str) -> list[str]:
+    """The precisions a session at `precision` reopens at in turn while its embeddings miss the floor."""
+    chain = []
+    while precision in FALLBACK:
+        precision = FALLBACK[precision][0]
+        chain.append(precision)
+    return chain
+
+
+def precision_problem(params: dict[str, str]) -> tuple[str, str] | None:
+    """(parameter, what is wrong with it) where the precision parameters name no precision a session can open at."""
+    precision, recorded = params.get("precision", "fp32"), params.get("build_cpu_precision")
+    if precision not in PRECISIONS:
+        return "precision", f"{precision!r} is not one of {', '.join(PRECISIONS)}"
+    if recorded is not None and recorded not in falls_back_to(precision):
+        return "build_cpu_precision", (f"{recorded!r} is not a precision {precision} falls back to "
+                                       f"({', '.join(falls_back_to(precision)) or 'none'})")
+    if recorded is not None and not params.get("build_cpu"):
+        return "build_cpu_precision", "given without build_cpu, the CPU the build's check fell back to it on"
+    return None
+
+
+def starting_precision(params: dict[str, str]) -> tuple[str, bool]:
+    """(the precision a session opens at, whether the build's check chose it): `precision`, or `build_cpu_precision`
+    where this CPU's signature is the `build_cpu` the build's check fell back to it on."""
+    if problem := precision_problem(params):
+        raise ValueError("parameter {}: {}".format(*problem))
+    precision, recorded = params.get("precision", "fp32"), params.get("build_cpu_precision")
+    if recorded is not None and params["build_cpu"] == cpu_signature():
+        return recorded, True
+    return precision, False
 
 
 def stream_layout(cpus: int, threads: int = 0, streams: int = 0) -> tuple[int, int]:
@@ -276,7 +332,7 @@ class OpenVinoSession:
         core = ov.Core()
         self._path, self._params = path, params
         self._weights = WeightsFile(str(Path(path).with_suffix(".bin"))) if path.endswith(".xml") else None
-        precision = params.get("precision", "fp32")
+        precision, self.chosen_by_build = starting_precision(params)
         # only a packing runner packs short sentences apart (packing.pack_groups): without it bf16-long is mixed
         self._packing = int(params.get("max_pack_tokens", "0")) > 0
         if precision == BF16_LONG and not self._packing:
@@ -328,7 +384,8 @@ class OpenVinoSession:
 
     def reopened(self, precision: str) -> OpenVinoSession:
         """This session's model opened at `precision` (its `fallback`)."""
-        return OpenVinoSession(self._path, {**self._params, "precision": precision})
+        params = {k: v for k, v in self._params.items() if k != "build_cpu_precision"}
+        return OpenVinoSession(self._path, {**params, "precision": precision})
 
     def __call__(self, inputs: dict[str, np.ndarray], shortest: int = 0) -> dict[str, np.ndarray]:
         route = self._routes[-1] if self.short_tokens and shortest > self.short_tokens else self._routes[0]

@@ -19,6 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonpack.archive import Problem
 from tritonpack.backends import ENV_PARAMETER, LOADED_FILES, MODEL_DIR_VAR, PLATFORMS
 from tritonpack.check.tree import Tree, is_version_folder
+from tritonpack.components import load_model_module
 from tritonpack.containers import LOCAL_TRITON_RELEASE, container_python, manifest_container, stub_needs_numpy1
 from tritonpack.spec import config_parameters, parse_config
 from tritonpack.wiring import wiring_problems
@@ -344,6 +345,7 @@ def _model_problems(tree: Tree, folder: str, cfg, target: StubTarget, warnings: 
             else:
                 problems.append(missing)
     if cfg.backend == "python":
+        problems.extend(_runner_parameter_problems(cfg, config_path))
         problems.extend(_env_problems(tree, folder, cfg, target, warnings, no_env_fix, server))
     return problems
 
@@ -373,6 +375,15 @@ def _runner_files(cfg) -> dict[str, str]:
     version folder."""
     params = config_parameters(cfg)
     return {key: params[key] for key in RUNNER_FILE_PARAMETERS if params.get(key)}
+
+
+def _runner_parameter_problems(cfg, config_path: str) -> list[Problem]:
+    """An OpenVINO runner's precision parameters, judged as its session reads them at load."""
+    params = config_parameters(cfg)
+    if params.get("framework") != "openvino":
+        return []
+    problem = load_model_module("framework_runner", "openvino_session").precision_problem(params)
+    return [Problem(config_path, f"parameters.{problem[0]}", problem[1])] if problem else []
 
 
 def _version_file_problem(tree: Tree, vdir: str, filename: str, where: str, missing: str) -> Problem | None:
