@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tritonpack.archive import ArchiveLimits, Problem
-from tritonpack.check import ServerPython, check
+from tritonpack.check import KnownEnvs, ServerPython, check
 from tritonpack.cli import main
 from tritonpack.containers import container_python
 from tritonpack.repository import sha256_file, write_tarball
@@ -413,6 +413,60 @@ def test_check_passes_when_repository_is_well_formed(tmp_path, form):
     report = check(root if form == "folder" else as_tarball(root))
     assert report.problems == [] and report.warnings == []
     assert (report.ok, report.ensemble, report.models) == (True, "ens", ["enc", "ens", "pre"])
+
+
+def counted_env_inspections(monkeypatch) -> list[str]:
+    """The packed environments `check` inflates from here on, by member name."""
+    from tritonpack.check import tree
+
+    inflated, inspect_env = [], tree.inspect_env
+
+    def counted(fileobj, label, limits):
+        inflated.append(label)
+        return inspect_env(fileobj, label, limits)
+
+    monkeypatch.setattr(tree, "inspect_env", counted)
+    return inflated
+
+
+def test_check_inflates_a_packed_environment_once_per_bytes_given_the_environments_it_knows(tmp_path, monkeypatch):
+    """A gateway checks every tarball it admits; the ones built with one environment carry the same bytes of it. The
+    known environment is hashed, not inflated again, and the report is the one a fresh check gives."""
+    first = as_tarball(write_repo(tmp_path / "first", env_python="3.11"))
+    second = as_tarball(write_repo(tmp_path / "second", env_python="3.11"))  # the same environment's bytes
+    other = write_repo(tmp_path / "other", env_python="3.11")
+    fake_env(other / "pre" / "env.tar.gz", "3.11", numpy="1.26.3")
+    refresh_manifest(other)
+    known, inflated = KnownEnvs(), counted_env_inspections(monkeypatch)
+    reports = [check(tarball, known_envs=known) for tarball in (first, second, as_tarball(other))]
+    assert inflated == ["pre/env.tar.gz", "pre/env.tar.gz"] and known.inspected == 2  # first's and other's
+    assert [(r.problems, r.warnings) for r in reports] == [([], [])] * 3
+    assert reports[1].envs == check(second).envs  # as a check without known environments reads it
+    assert reports[2].envs["pre/env.tar.gz"].distributions["numpy"] == "1.26.3"
+
+
+def test_check_still_hashes_a_known_environment_and_never_keeps_one_with_problems(tmp_path, monkeypatch):
+    """Known bytes are recognised by their hash, so a manifest that disagrees is still caught; an environment the
+    archive checks refuse is inflated again by every tarball carrying it, which is told its problem."""
+    known = KnownEnvs()
+    check(as_tarball(write_repo(tmp_path / "first", env_python="3.11")), known_envs=known)
+    tampered = write_repo(tmp_path / "tampered", env_python="3.11")
+    manifest = json.loads((tampered / "manifest.json").read_text())
+    manifest["sha256"]["pre/env.tar.gz"] = "0" * 64
+    (tampered / "manifest.json").write_text(json.dumps(manifest))
+    unsafe = write_repo(tmp_path / "unsafe", env_python="3.11")
+    with tarfile.open(unsafe / "pre" / "env.tar.gz", "w:gz") as tar:
+        tar.addfile(tarfile.TarInfo("../outside.py"), io.BytesIO())
+    refresh_manifest(unsafe)
+    inflated = counted_env_inspections(monkeypatch)
+    report = check(as_tarball(tampered), known_envs=known)
+    assert [(p.file, p.reason) for p in report.problems] == [
+        ("pre/env.tar.gz", "differs from manifest.json (changed after the build)")]
+    assert inflated == []
+    for _ in range(2):
+        problems = check(as_tarball(unsafe), known_envs=known).problems
+        assert problems and problems[0].file.startswith("pre/env.tar.gz:"), problems
+    assert inflated == ["pre/env.tar.gz", "pre/env.tar.gz"]
 
 
 @pytest.mark.parametrize("form", ["folder", "tarball"])

@@ -4,6 +4,7 @@ model manager, tests/test_mme_manager.py)."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 
 import boto3
@@ -13,7 +14,7 @@ from botocore.stub import Stubber
 
 from tritonpack.errors import UserError
 from tritonpack.mme.local import LocalMME
-from tritonpack.mme.sources import S3Source, TargetError
+from tritonpack.mme.sources import LocalSource, S3Source, TargetError
 from tritonpack.mme.store import DiskCache, TargetStore
 
 
@@ -38,6 +39,26 @@ def test_local_mme_lets_another_use_its_disk_cache_once_stopped(tmp_path):
     first = LocalMME(str(models), port=0, cache_dir=tmp_path / "cache")
     first.stop()
     LocalMME(str(models), port=0, cache_dir=tmp_path / "cache").stop()
+
+
+def test_target_store_inflates_the_environment_its_tarballs_share_once(tmp_path):
+    """Every tarball the gateway admits is checked; those built with one environment carry its same bytes, which
+    its check inflates for the first only (tests/test_check.py proves the report unchanged)."""
+    from tests.test_check import as_tarball, fake_env, refresh_manifest, write_repo
+
+    models = tmp_path / "models"
+    models.mkdir()
+    shared = as_tarball(write_repo(tmp_path / "shared", env_python="3.11"))
+    for name in ("a.tar.gz", "b.tar.gz"):
+        shutil.copy(shared, models / name)
+    other = write_repo(tmp_path / "other", env_python="3.11")
+    fake_env(other / "pre" / "env.tar.gz", "3.11", numpy="1.26.3")
+    refresh_manifest(other)
+    shutil.copy(as_tarball(other), models / "c.tar.gz")
+    store = TargetStore(LocalSource(models), DiskCache(tmp_path / "cache", 1 << 30))
+    for name in ("a.tar.gz", "b.tar.gz", "c.tar.gz"):
+        assert (store.prepare(name, set).model_dir / "pre" / "env.tar.gz").is_file()
+    assert store.known_envs.inspected == 2
 
 
 def s3_source(endpoint_url: str = "https://s3.us-east-1.amazonaws.com") -> S3Source:

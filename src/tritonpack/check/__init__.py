@@ -14,25 +14,26 @@ from pathlib import Path
 from tritonpack.archive import ArchiveLimits, Problem
 from tritonpack.check.cli import add_command, cmd_check
 from tritonpack.check.structure import CheckReport, ServerPython, check_tree
-from tritonpack.check.tree import Tree, inspect_env, read_folder, read_tarball
+from tritonpack.check.tree import KnownEnvs, Tree, inspect_env, read_folder, read_tarball
 
-__all__ = ["CheckReport", "ServerPython", "Tree", "add_command", "check", "check_tree", "cmd_check", "deep_problems",
-           "inspect_env"]
+__all__ = ["CheckReport", "KnownEnvs", "ServerPython", "Tree", "add_command", "check", "check_tree", "cmd_check",
+           "deep_problems", "inspect_env"]
 
 
 def check(path: Path, limits: ArchiveLimits | None = None, python: str | None = None,
           container: str | None = None, deep: bool = False,
-          server: ServerPython | None = None) -> CheckReport:
+          server: ServerPython | None = None, known_envs: KnownEnvs | None = None) -> CheckReport:
     """Problems (deployment would fail) and warnings of a repository folder or MME tarball; with `deep`, also what
     each native model's backend would answer about its artifact (`report.unchecked` says what could not be
     checked here). `server`: the Python a python model without a packed environment runs in (default: a stock
-    Triton container's, which has numpy only)."""
+    Triton container's, which has numpy only). `known_envs`: a tarball's packed environments already inspected by
+    this caller, by their bytes (a gateway checking many tarballs)."""
     path = Path(path)
     limits = limits or ArchiveLimits()
     if path.is_dir():
         tree, problems = read_folder(path, limits)
     elif path.is_file():
-        tree, problems = read_tarball(path, limits)
+        tree, problems = read_tarball(path, limits, known_envs)
         if problems:  # unsafe archives are not looked at any further
             return CheckReport(str(path), problems)
     else:

@@ -14,6 +14,8 @@ import posixpath
 import re
 import shutil
 import tarfile
+import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,7 @@ from tritonpack.archive import ArchiveLimits, Problem, normalise_name, scan
 
 ENV_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 TEXT_LIMIT = 4 << 20  # configs, manifests and model sources are small; larger ones are not read into memory
+SPOOLED_ENV_BYTES = 64 << 20  # KnownEnvs holds a packed environment's bytes in memory up to this, on disk beyond
 # A version folder: Triton ignores a name with leading zeros (01/) and one that is no ASCII number (²/)
 _VERSION_FOLDER = re.compile(r"0|[1-9][0-9]*")
 
@@ -133,22 +136,58 @@ def inspect_env(fileobj, label: str, limits: ArchiveLimits) -> EnvInfo:
     return EnvInfo(python, problems, frozenset(modules), distributions, system_site)
 
 
+class KnownEnvs:
+    """Packed environments already inspected and found clean, by the SHA-256 of their bytes and the limits they were
+    read under. A gateway that checks many tarballs carrying one environment (every fine-tune built with it) inflates
+    it once: a member with known bytes is hashed, not inflated again (docs/performance.md, sixty-sixth round). An
+    environment with problems is never kept, so each tarball carrying it is told them with its own names."""
+
+    def __init__(self, capacity: int = 64):
+        self.capacity = capacity
+        self._by_key: dict[tuple[str, ArchiveLimits], EnvInfo] = {}
+        self._lock = threading.Lock()
+        self.inspected = 0  # environments inflated, not found known
+
+    def inspect(self, member: _Hashing, label: str, limits: ArchiveLimits) -> tuple[EnvInfo, str]:
+        """(what `member`'s environment is, its SHA-256), inflating it only when its bytes are not known."""
+        with tempfile.SpooledTemporaryFile(SPOOLED_ENV_BYTES) as copy:
+            while chunk := member.read(1 << 20):
+                copy.write(chunk)
+            digest = member.digest.hexdigest()
+            with self._lock:
+                known = self._by_key.get((digest, limits))
+            if known is not None:
+                return known, digest
+            copy.seek(0)
+            info = inspect_env(copy, label, limits)
+        with self._lock:
+            self.inspected += 1
+            if not info.problems:
+                self._by_key[(digest, limits)] = info
+                while len(self._by_key) > self.capacity:
+                    del self._by_key[next(iter(self._by_key))]  # the oldest
+        return info, digest
+
+
 def _keep_text(name: str, size: int) -> bool:
     base = posixpath.basename(name)
     return size <= TEXT_LIMIT and (base in ("config.pbtxt", "manifest.json") or base.endswith(".py"))
 
 
-def _read_member(tree: Tree, name: str, size: int, f, limits: ArchiveLimits) -> None:
+def _read_member(tree: Tree, name: str, size: int, f, limits: ArchiveLimits, known_envs: KnownEnvs | None) -> None:
     tree.add_file(name, size)
     reader = _Hashing(f)
     if _keep_text(name, size):
         tree.texts[name] = reader.read()
+    elif name.endswith(ENV_SUFFIXES) and known_envs is not None:
+        tree.envs[name], tree.sha256[name] = known_envs.inspect(reader, name, limits)
+        return
     elif name.endswith(ENV_SUFFIXES):
         tree.envs[name] = inspect_env(reader, name, limits)
     tree.sha256[name] = reader.drain()
 
 
-def read_tarball(path: Path, limits: ArchiveLimits) -> tuple[Tree, list[Problem]]:
+def read_tarball(path: Path, limits: ArchiveLimits, known_envs: KnownEnvs | None = None) -> tuple[Tree, list[Problem]]:
     tree = Tree()
 
     def visit(member: tarfile.TarInfo, tar: tarfile.TarFile) -> None:
@@ -158,7 +197,7 @@ def read_tarball(path: Path, limits: ArchiveLimits) -> tuple[Tree, list[Problem]
         if member.isdir():
             tree.add_dir(name)
         elif member.isfile():
-            _read_member(tree, name, member.size, tar.extractfile(member), limits)
+            _read_member(tree, name, member.size, tar.extractfile(member), limits, known_envs)
         else:
             tree.add_file(name, member.size)
 
@@ -191,7 +230,7 @@ def read_folder(path: Path, limits: ArchiveLimits) -> tuple[Tree, list[Problem]]
                 problems.append(Problem(rel, "type", "not a regular file"))
                 continue
             with open(full, "rb") as f:
-                _read_member(tree, rel, full.stat().st_size, f, limits)
+                _read_member(tree, rel, full.stat().st_size, f, limits, None)
     return tree, problems
 
 

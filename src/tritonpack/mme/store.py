@@ -200,6 +200,8 @@ class TargetStore:
 
     def __init__(self, source, cache: DiskCache, metrics: Metrics | None = None, python: str | None = None,
                  limits=None, container: bool = False):
+        from tritonpack.check.tree import KnownEnvs
+
         self.source, self.cache, self.limits = source, cache, limits
         self.metrics = metrics or Metrics()
         self.python = python  # the local stub's Python: a packed env for another Python cannot run here
@@ -208,6 +210,7 @@ class TargetStore:
         self._lock = threading.Lock()
         self._target_locks: dict[str, threading.Lock] = {}
         self._refused: dict[str, tuple[str, TargetError, float]] = {}  # target → (version, answer, until)
+        self.known_envs = KnownEnvs()  # the packed environments `check` found clean, inflated once each
 
     def prepare(self, target: str, in_use: Callable[[], Iterable[str]]) -> Prepared:
         """`target`'s extracted folder at its current version; `in_use()` names the targets Triton holds, whose
@@ -252,10 +255,11 @@ class TargetStore:
             fetched = time.monotonic()
             self.metrics.observe("ModelDownloadingTime", fetched - started)
             if self.container:  # judged for the stub of the container's Python, which this server runs
-                report = check(tarball, self.limits, python=self.python, server=container_stub_python(self.python))
+                report = check(tarball, self.limits, python=self.python, server=container_stub_python(self.python),
+                               known_envs=self.known_envs)
             else:  # for the container the tarball was built for (its manifest), by a server whose Python is this
                 # interpreter's: python models may use its packages where the tarball carries no environment
-                report = check(tarball, self.limits, server=local_server_python())
+                report = check(tarball, self.limits, server=local_server_python(), known_envs=self.known_envs)
             checked = time.monotonic()
             self.metrics.observe("ModelCheckingTime", checked - fetched)
             problems = report.problems
