@@ -115,8 +115,8 @@ def loaded_ladder(bench, mme, targets: list[str], texts: list[str], vocabulary: 
     wrote bytecode into its folders is reloaded once, docs/performance.md, sixteenth round), when memory briefly holds
     one copy more; the ladder stops before copy k where the machine has less than k copies' memory free (a wide
     margin)."""
-    s, server = bench.settings, mme.triton.server
-    steps, first_answer_s, loaded, stopped = {}, {targets[0]: None}, 1, None
+    s, server, metrics = bench.settings, mme.triton.server, mme.manager.metrics
+    steps, first_answer_s, check_s, loaded, stopped = {}, {targets[0]: None}, {}, 1, None
     for n in s.loaded_copies:
         for k, target in enumerate(targets[loaded:n], start=loaded + 1):
             per_model = steps[str(loaded)]["pss_mb"] / loaded if steps else 600.0
@@ -124,7 +124,9 @@ def loaded_ladder(bench, mme, targets: list[str], texts: list[str], vocabulary: 
                 stopped = f"stopped before loading copy {k}: {available_mb():.0f} MB available, ~{per_model:.0f} MB " \
                           "per loaded copy"
                 break
+            checked = metrics.snapshot()["ModelCheckingTime_sum"]
             first_answer_s[target] = invoke(mme.url, target, texts[0])
+            check_s[target] = metrics.snapshot()["ModelCheckingTime_sum"] - checked
             server.stub_models()  # remember the stub pids, before a reload replaces them
         if stopped:
             break
@@ -142,7 +144,9 @@ def loaded_ladder(bench, mme, targets: list[str], texts: list[str], vocabulary: 
         step = steps[str(n)]
         bench.log(f"    {n} loaded, idle: PSS {step['pss_mb']:.0f} MB ({recently_served['pss_mb']:.0f} 3 s after the "
                   f"last request, {corpus_only:.0f} before the vocabulary; RSS summed {step['rss_mb']:.0f} MB)")
-    return {"steps": steps, "first_answer_s_by_target": first_answer_s, "stopped": stopped,
+    # the copies carry the first's packed environment, which the gateway's check inflates once (KnownEnvs)
+    return {"steps": steps, "first_answer_s_by_target": first_answer_s, "check_s_by_target": check_s,
+            "environments_inflated": mme.manager.store.known_envs.inspected, "stopped": stopped,
             "requests_per_step": s.requests_per_step, "idle_wait_s": IDLE_WAIT_S,
             "vocabulary_words": sum(len(t.split()) for t in vocabulary)}
 

@@ -185,6 +185,7 @@ def _memory_table(mme: dict, title: str) -> list[str]:
               f"{m['rss_mb']:.0f}", str(m["processes"]), str(m["stub_processes_started"])]
              for n, m in memory["steps"].items()]
     loads = ", ".join(fmt(s) for s in memory["first_answer_s_by_target"].values() if s is not None)
+    checks = ", ".join(fmt(s) for s in memory.get("check_s_by_target", {}).values())
     lines = [f"## Memory and cold start through the local MME: {title}", ""]
     lines += _table(["loaded copies", "PSS before the step's vocabulary (MB)", "PSS 3 s after it (MB)",
                      "PSS summed, idle (MB)", "RSS summed, idle (MB)", "processes", "stubs seen"], rows)
@@ -207,7 +208,9 @@ def _memory_table(mme: dict, title: str) -> list[str]:
                   f"{fmt(memory['per_additional_model_pss_mb'], 0)} MB → {fmt(memory['models_per_gb'], 1)} models "
                   f"per GB. Cold starts (s) with the container environment `tritonpack deploy` sets: {cold}; "
                   f"alternating with them, a stock endpoint's (auto-complete on): {stock}; first answers of the "
-                  f"copies loaded next (s): {loads or '–'}."]
+                  f"copies loaded next (s): {loads or '–'}; the gateway's check of each (s): {checks or '–'}, "
+                  f"inflating {memory.get('environments_inflated', '–')} packed environment(s) in all (a copy's is "
+                  f"the first's bytes)."]
     if memory.get("stopped"):
         lines.append(f"\nThe ladder {memory['stopped']}.")
     return lines

@@ -207,6 +207,8 @@ def test_bench_smoke_writes_report_files_with_expected_keys_when_run(test_dist, 
     # idle, the models have unmapped the library pages their calls mapped (resident_memory.ReleasedWhenIdle)
     assert memory["idle_wait_s"] > load_model_module("tokenizer", "resident_memory").PAGES_IDLE_S
     assert all(step["pss_mb"] < step["recently_served_pss_mb"] - 5 for step in memory["steps"].values()), memory
+    # the second copy's check hashed the packed environment it shares with the first instead of inflating it again
+    assert memory["environments_inflated"] == 1 and set(memory["check_s_by_target"]) == {"bert-portable-copy2.tar.gz"}
     assert on_disk["mme"]["cold_start"]["first_answer_s_median"] > 0
     for run in on_disk["mme"]["cold_start"]["runs"]:  # the gateway's part and Triton's, both within the first answer
         assert min(run["gateway_s"], run["check_s"], run["extract_s"], run["triton_load_s"]) > 0, run
