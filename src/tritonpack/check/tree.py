@@ -150,16 +150,22 @@ class KnownEnvs:
 
     def inspect(self, member: _Hashing, label: str, limits: ArchiveLimits) -> tuple[EnvInfo, str]:
         """(what `member`'s environment is, its SHA-256), inflating it only when its bytes are not known."""
-        with tempfile.SpooledTemporaryFile(SPOOLED_ENV_BYTES) as copy:
-            while chunk := member.read(1 << 20):
-                copy.write(chunk)
-            digest = member.digest.hexdigest()
-            with self._lock:
-                known = self._by_key.get((digest, limits))
-            if known is not None:
-                return known, digest
-            copy.seek(0)
-            info = inspect_env(copy, label, limits)
+        with self._lock:
+            recognisable = any(read_under == limits for _, read_under in self._by_key)
+        if recognisable:  # its bytes are kept while they are hashed, to be inflated only if they are new
+            with tempfile.SpooledTemporaryFile(SPOOLED_ENV_BYTES) as copy:
+                while chunk := member.read(1 << 20):
+                    copy.write(chunk)
+                digest = member.digest.hexdigest()
+                with self._lock:
+                    known = self._by_key.get((digest, limits))
+                if known is not None:
+                    return known, digest
+                copy.seek(0)
+                info = inspect_env(copy, label, limits)
+        else:  # nothing to recognise it by: inflated as it streams in, as without known environments
+            info = inspect_env(member, label, limits)
+            digest = member.drain()
         with self._lock:
             self.inspected += 1
             if not info.problems:
