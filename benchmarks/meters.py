@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import statistics
@@ -10,7 +9,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -141,14 +139,10 @@ class LoadMonitor:
 
 
 def cpu_info() -> tuple[dict[str, str], set[str]]:
-    """(the first CPU's /proc/cpuinfo fields, its flags)."""
-    fields: dict[str, str] = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if not key.strip():  # the first processor's block ends here
-                break
-            fields.setdefault(key.strip(), value.strip())
+    """(the first CPU's /proc/cpuinfo fields, its flags), as the served encoder reads them."""
+    from tritonpack.components import load_model_module
+
+    fields = load_model_module("framework_runner", "cpu_quota").cpu_fields()
     return fields, set(fields.get("flags", "").split())
 
 

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from cpu_quota import cpu_limit
+from cpu_quota import cpu_fields, cpu_limit
 from resident_memory import mapping_kb
 
 # OpenVINO's oneTBB opens its hwloc binding with RTLD_DEEPBIND, so under another malloc preloaded into the process
@@ -70,12 +70,7 @@ def cpu_signature() -> str:
     the instruction sets OpenVINO dispatches on, and OpenVINO's version."""
     import openvino as ov
 
-    fields = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if not line.strip():
-            break  # the first CPU's fields end
-        key, _, value = line.partition(":")
-        fields[key.strip()] = value.strip()
+    fields = cpu_fields()
     flags = sorted(f for f in fields.get("flags", "").split() if SIGNATURE_FLAGS.fullmatch(f))
     return (f"{fields.get('vendor_id', '?')} {fields.get('cpu family', '?')}/{fields.get('model', '?')}/"
             f"{fields.get('stepping', '?')} {','.join(flags)} openvino {ov.get_version()}")

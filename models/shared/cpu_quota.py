@@ -4,7 +4,7 @@ A container started with `--cpus 2`, or a Kubernetes pod with a CPU limit of 2, 
 its affinity, while its cgroup grants it 2 CPUs' worth of time per period and stops every thread beyond that until
 the next one (CFS throttling). A session that sizes its thread pool from the affinity alone runs, on a 32-core host,
 32 threads on a quota of 2. `cpu_limit` reads the quota of this process's cgroup and of every cgroup above it:
-cgroup v2's `cpu.max`, v1's `cpu.cfs_quota_us` over `cpu.cfs_period_us`.
+cgroup v2's `cpu.max`, v1's `cpu.cfs_quota_us` over `cpu.cfs_period_us`. `cpu_fields`: what kind of CPU they are.
 """
 
 from __future__ import annotations
@@ -12,6 +12,22 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+
+
+def cpu_fields() -> dict[str, str]:
+    """The first CPU's /proc/cpuinfo fields (vendor_id, cpu family, model, stepping, flags, …); none where it cannot
+    be read."""
+    fields: dict[str, str] = {}
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return fields
+    for line in lines:
+        key, _, value = line.partition(":")
+        if not key.strip():  # the first processor's block ends here
+            break
+        fields.setdefault(key.strip(), value.strip())
+    return fields
 
 
 def cpu_limit(root: str = "/sys/fs/cgroup", membership: str = "/proc/self/cgroup") -> int | None:

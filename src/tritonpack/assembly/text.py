@@ -112,10 +112,11 @@ def encoder_artifact(fmt: str, target: str, source: SentenceTransformerSource, s
                             f"reads the ONNX export, whose weights are fp32")
         else:
             model, framework = onnx, "openvino"
-        check = json.loads((cache.get(openvino_check, source=source, model=model,
-                                      precision=serving.encoder_precision, packed=packed) / "check.json").read_text())
+        checked = cache.get(openvino_check, source=source, model=model, precision=serving.encoder_precision,
+                            packed=packed)
         if target != "portable":
             return Artifact(framework, model, serving.encoder_precision, packed=packed)
+        check = json.loads((checked / "check.json").read_text())
         # The CPU that serves it picks bf16 or f32, not this one: the runner re-checks its embeddings at load, from
         # where this check fell back to when that CPU is this one.
         fell_back = (check["cpu"], check["serves"]) if check["serves"] != serving.encoder_precision else None
