@@ -1,4 +1,5 @@
-"""Archive safety: hostile tarballs are refused with the exact reason, before anything is written."""
+"""Archive safety: hostile tarballs are refused with the exact reason; the read that unpacks while it checks (the
+local MME's) writes only inside its own folder, and never what it refuses."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.reliability import hostile
-from tritonpack.archive import ArchiveError, ArchiveLimits, Problem, archive_problems, safe_extract
+from tritonpack.archive import ArchiveLimits, Problem, archive_problems, normalise_name
+from tritonpack.check import check
 
 SMALL = ArchiveLimits(max_members=50, max_total_bytes=4 << 20, max_member_bytes=2 << 20, max_ratio=50,
                       ratio_floor_bytes=1 << 20)
@@ -93,16 +95,25 @@ def test_archive_problems_name_file_field_reason_when_tarball_is_hostile(tmp_pat
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
-def test_safe_extract_writes_nothing_when_tarball_is_hostile(tmp_path, case):
+def test_unpacking_check_writes_only_inside_its_folder_and_no_refused_member_when_tarball_is_hostile(tmp_path, case):
+    """`check(unpack_to=)` writes the members it passes while it reads them: the good ones before the hostile one
+    land in its folder (which the caller removes, tests/test_mme_store.py), the hostile one nowhere."""
     members, expected = HOSTILE[case]
     tar = make_tar(tmp_path / "hostile.tar.gz", GOOD + members)
     root = tmp_path / "root"
+    unpacked = root / "cache" / "model"
     (root / "cache").mkdir(parents=True)
-    with pytest.raises(ArchiveError) as refused:
-        safe_extract(tar, root / "cache" / "model", SMALL)
-    assert expected in refused.value.problems
-    assert [p for p in root.rglob("*")] == [root / "cache"]  # no staging folder, no file, anywhere
+    assert expected in check(tar, SMALL, unpack_to=unpacked).problems
+    written = list(root.rglob("*"))
+    assert all(p == root / "cache" or unpacked in (p, *p.parents) for p in written), written
+    assert not any(p.is_symlink() or not (p.is_file() or p.is_dir()) for p in written), written
     assert not (tmp_path / "evil.txt").exists()
+    kept = {p.relative_to(unpacked).as_posix() for p in unpacked.rglob("*")}
+    # a refused member's name holds an earlier member only: a duplicate's first copy (GOOD's), the folder a file
+    # would have covered
+    assert normalise_name(expected.file) not in kept or case in ("duplicate", "file_over_folder"), kept
+    assert (unpacked / "m" / "config.pbtxt").read_bytes() == b'name: "m"\n'
+    assert case != "file_over_folder" or (unpacked / "m" / "sub").is_dir()
 
 
 def test_archive_problems_refuse_members_a_damaged_header_hides_from_tarfile(tmp_path):
@@ -216,35 +227,41 @@ def test_corrupt_gzip_is_refused_and_nothing_extracted_when_the_tar_inside_still
     [problem] = archive_problems(bad)
     assert (problem.file, problem.field) == ("bad.tar.gz", "archive")
     assert problem.reason.startswith(reason)
-    with pytest.raises(ArchiveError) as refused:  # also when the caller's scan passed (the file changed since)
-        safe_extract(bad, tmp_path / "out" / "model", prechecked=True)
-    assert [(p.file, p.field) for p in refused.value.problems] == [("bad.tar.gz", "archive")]
-    assert refused.value.problems[0].reason.startswith(reason)
-    assert list((tmp_path / "out").iterdir()) == []
+    [unpacking] = check(bad, SMALL, unpack_to=tmp_path / "out").problems  # the same reason where it unpacks
+    assert unpacking == problem
 
 
-def test_safe_extract_places_every_file_when_tarball_is_safe(tmp_path):
+def test_unpacking_check_writes_every_member_with_data_filter_modes_when_tarball_is_safe(tmp_path):
+    tool = member("m/1/tool.sh", b"#!/bin/sh\n")
+    tool[0].mode = 0o4777  # setuid, writable by all: the `data` filter's 0o755
+    shared = member("m/1/data/shared.txt", b"x\n")
+    shared[0].mode = 0o666
     tar = make_tar(tmp_path / "good.tar.gz", GOOD + [member("m/1/data", None, tarfile.DIRTYPE),
-                                                     member("m/1/data/labels.txt", b"cat\n")])
-    dest = safe_extract(tar, tmp_path / "out" / "model", SMALL)
+                                                     member("m/1/data/labels.txt", b"cat\n"), tool, shared])
+    check(tar, SMALL, unpack_to=tmp_path / "out")
+    dest = tmp_path / "out"
     assert (dest / "m" / "config.pbtxt").read_text() == 'name: "m"\n'
     assert (dest / "m" / "1" / "model.py").read_bytes() == b"print()\n"
     assert (dest / "m" / "1" / "data" / "labels.txt").read_bytes() == b"cat\n"
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model"]  # staging renamed away
+    assert {p.relative_to(dest).as_posix() for p in dest.rglob("*")} == {
+        "m", "m/config.pbtxt", "m/1", "m/1/model.py", "m/1/data", "m/1/data/labels.txt", "m/1/tool.sh",
+        "m/1/data/shared.txt"}
+    assert [(dest / f).stat().st_mode & 0o7777 for f in ("m/1/tool.sh", "m/1/data/shared.txt", "m/1/model.py")] \
+        == [0o755, 0o644, 0o644]
 
 
-def test_safe_extract_accepts_plain_tar_when_not_gzipped(tmp_path):
+def test_unpacking_check_accepts_plain_tar_when_not_gzipped(tmp_path):
     tar = make_tar(tmp_path / "good.tar", GOOD, gz=False)
     assert archive_problems(tar) == []
-    assert (safe_extract(tar, tmp_path / "out") / "m" / "1" / "model.py").exists()
+    check(tar, SMALL, unpack_to=tmp_path / "out")
+    assert (tmp_path / "out" / "m" / "1" / "model.py").read_bytes() == b"print()\n"
 
 
-def test_safe_extract_refuses_when_destination_exists(tmp_path):
+def test_unpacking_check_refuses_a_folder_that_exists(tmp_path):
     tar = make_tar(tmp_path / "good.tar.gz", GOOD)
     (tmp_path / "out").mkdir()
     with pytest.raises(FileExistsError):
-        safe_extract(tar, tmp_path / "out")
-    assert (safe_extract(tar, tmp_path / "out", replace=True) / "m" / "config.pbtxt").exists()
+        check(tar, SMALL, unpack_to=tmp_path / "out")
 
 
 def test_problem_prints_one_line_when_converted_to_str():

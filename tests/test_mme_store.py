@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+from pathlib import Path
 
 import boto3
 import pytest
@@ -59,6 +60,43 @@ def test_target_store_inflates_the_environment_its_tarballs_share_once(tmp_path)
     for name in ("a.tar.gz", "b.tar.gz", "c.tar.gz"):
         assert (store.prepare(name, set).model_dir / "pre" / "env.tar.gz").is_file()
     assert store.known_envs.inspected == 2
+
+
+def test_target_store_unpacks_in_its_check_and_leaves_nothing_of_a_tarball_it_refuses(tmp_path):
+    """The check's one read writes a tarball's members into a staging folder: a refused tarball leaves nothing in
+    the cache (its safe members were written before the unsafe one was read); an admitted one becomes the target's
+    folder byte for byte, and a new version takes the old one's place."""
+    import tarfile
+
+    from tests.test_check import as_tarball, refresh_manifest, write_repo
+
+    models = tmp_path / "models"
+    models.mkdir()
+    repo = write_repo(tmp_path / "repo", env_python="3.11")
+    shutil.copy(as_tarball(repo), models / "a.tar.gz")
+    with tarfile.open(models / "bad.tar.gz", "w:gz") as bad:
+        bad.add(repo, arcname=".")
+        bad.add(repo / "pre" / "1" / "model.py", arcname="pre/../../evil.py")
+    cache = tmp_path / "cache"
+    store = TargetStore(LocalSource(models), DiskCache(cache, 1 << 30))
+
+    with pytest.raises(TargetError) as refused:
+        store.prepare("bad.tar.gz", set)
+    assert refused.value.status == 400
+    assert "pre/../../evil.py: path: '..' leads outside the archive" in refused.value.problems
+    assert list(cache.iterdir()) == [] and not (tmp_path / "evil.py").exists()
+
+    def files(root: Path) -> dict[str, bytes]:
+        return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+    model_dir = store.prepare("a.tar.gz", set).model_dir
+    assert files(model_dir) == files(repo)
+    (repo / "pre" / "1" / "labels.txt").write_text("cat\n")
+    refresh_manifest(repo)
+    shutil.copy(as_tarball(repo), models / "a.tar.gz")
+    assert store.prepare("a.tar.gz", set).model_dir == model_dir
+    assert files(model_dir) == files(repo) and (model_dir / "pre" / "1" / "labels.txt").read_text() == "cat\n"
+    assert [p.name for p in cache.iterdir()] == [model_dir.parent.name]  # no staging folder, no old version left
 
 
 def s3_source(endpoint_url: str = "https://s3.us-east-1.amazonaws.com") -> S3Source:

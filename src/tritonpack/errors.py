@@ -28,14 +28,6 @@ class ToolUnavailable(UserError):
     """A tool a step needs is missing here (TensorRT, a CUDA GPU, a native backend)."""
 
 
-class ArchiveError(UserError):
-    """A tarball that is unsafe or unreadable; `problems` name the member, field and reason."""
-
-    def __init__(self, problems: list):
-        self.problems = list(problems)
-        super().__init__("\n".join(str(p) for p in self.problems) or "archive refused")
-
-
 class PayloadError(UserError):
     """A request or response body that does not follow the KServe v2 protocol."""
 

@@ -22,18 +22,22 @@ __all__ = ["CheckReport", "KnownEnvs", "ServerPython", "Tree", "add_command", "c
 
 def check(path: Path, limits: ArchiveLimits | None = None, python: str | None = None,
           container: str | None = None, deep: bool = False,
-          server: ServerPython | None = None, known_envs: KnownEnvs | None = None) -> CheckReport:
+          server: ServerPython | None = None, known_envs: KnownEnvs | None = None,
+          unpack_to: Path | None = None) -> CheckReport:
     """Problems (deployment would fail) and warnings of a repository folder or MME tarball; with `deep`, also what
     each native model's backend would answer about its artifact (`report.unchecked` says what could not be
     checked here). `server`: the Python a python model without a packed environment runs in (default: a stock
     Triton container's, which has numpy only). `known_envs`: a tarball's packed environments already inspected by
-    this caller, by their bytes (a gateway checking many tarballs)."""
+    this caller, by their bytes (a gateway checking many tarballs). `unpack_to`: a tarball's members are also
+    written into this new folder by the same read, whatever the verdict (`read_tarball`)."""
     path = Path(path)
     limits = limits or ArchiveLimits()
     if path.is_dir():
+        if unpack_to is not None:
+            raise ValueError(f"unpack_to is for a tarball; {path} is a folder")
         tree, problems = read_folder(path, limits)
     elif path.is_file():
-        tree, problems = read_tarball(path, limits, known_envs)
+        tree, problems = read_tarball(path, limits, known_envs, unpack_to)
         if problems:  # unsafe archives are not looked at any further
             return CheckReport(str(path), problems)
     else:

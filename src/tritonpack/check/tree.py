@@ -2,7 +2,8 @@
 
 A tarball is never extracted to the user's folders: configs, manifests and model sources are kept in memory,
 every file is hashed, packed environments are inspected inside the stream. `extract_members` writes chosen
-members (the artifacts `--deep` opens) into a folder the caller owns, a temporary one.
+members (the artifacts `--deep` opens) into a folder the caller owns, a temporary one; `read_tarball(unpack_to=)`
+writes every member there while the same read checks it (the local MME's gateway).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import tarfile
 import tempfile
 import threading
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonpack.archive import ArchiveLimits, Problem, normalise_name, scan
+from tritonpack.archive import ArchiveLimits, Problem, Unpacker, normalise_name, scan
 
 ENV_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 TEXT_LIMIT = 4 << 20  # configs, manifests and model sources are small; larger ones are not read into memory
@@ -193,8 +195,12 @@ def _read_member(tree: Tree, name: str, size: int, f, limits: ArchiveLimits, kno
     tree.sha256[name] = reader.drain()
 
 
-def read_tarball(path: Path, limits: ArchiveLimits, known_envs: KnownEnvs | None = None) -> tuple[Tree, list[Problem]]:
+def read_tarball(path: Path, limits: ArchiveLimits, known_envs: KnownEnvs | None = None,
+                 unpack_to: Path | None = None) -> tuple[Tree, list[Problem]]:
+    """What `path` holds and its problems; with `unpack_to` (a folder not yet there) its members are also written
+    there as they are read, whatever the verdict: the caller removes the folder unless there is no problem."""
     tree = Tree()
+    unpacker = Unpacker(unpack_to) if unpack_to is not None else None
 
     def visit(member: tarfile.TarInfo, tar: tarfile.TarFile) -> None:
         name = normalise_name(member.name)
@@ -202,8 +208,12 @@ def read_tarball(path: Path, limits: ArchiveLimits, known_envs: KnownEnvs | None
             return
         if member.isdir():
             tree.add_dir(name)
+            if unpacker is not None:
+                unpacker.folder(member)
         elif member.isfile():
-            _read_member(tree, name, member.size, tar.extractfile(member), limits, known_envs)
+            data = tar.extractfile(member)
+            with nullcontext(data) if unpacker is None else unpacker.file(member, data) as data:
+                _read_member(tree, name, member.size, data, limits, known_envs)
         else:
             tree.add_file(name, member.size)
 

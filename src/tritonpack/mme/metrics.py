@@ -24,8 +24,10 @@ class Metrics:
         "ModelReloads": ("counter", "targets unloaded and loaded again because one of their python stubs died"),
         "ModelLoadingWaitTime": ("summary", "seconds an invocation waited for its target to be fetched and loaded"),
         "ModelDownloadingTime": ("summary", "seconds spent fetching a tarball from the model source"),
-        "ModelCheckingTime": ("summary", "seconds `tritonpack check` took on a fetched tarball"),
-        "ModelExtractingTime": ("summary", "seconds spent extracting a checked tarball into the disk cache"),
+        "ModelCheckingTime": ("summary", "seconds `tritonpack check` took on a fetched tarball, whose one read "
+                                            "also unpacks it into a staging folder"),
+        "ModelExtractingTime": ("summary", "seconds spent placing a checked tarball's unpacked folder in the disk "
+                                           "cache"),
         "ModelLoadingTime": ("summary", "seconds Triton took to load a target"),
         "ModelUnloadingTime": ("summary", "seconds Triton took to unload a target"),
     }

@@ -2,8 +2,9 @@
 
 The cache mirrors the SageMaker Triton container's layout: each target is extracted to `<cache>/<hash>/model`,
 the only url shape Triton 2.73's SageMaker front-end accepts, with `<hash>` derived from the target name.
-A tarball is checked where it lies before anything is written: a local one is never copied (a huge or sparse
-file costs what the check reads of it), an S3 one is downloaded once into a staging folder.
+A tarball is checked where it lies: a local one is never copied (a huge or sparse file costs what the check reads
+of it), an S3 one is downloaded once into a staging folder. The check's one read also unpacks it into that staging
+folder, which becomes the target's folder only when the check found no problem.
 """
 
 from __future__ import annotations
@@ -22,14 +23,17 @@ import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from tritonpack.errors import UserError, disk_full
 from tritonpack.mme.metrics import Metrics
 from tritonpack.mme.sources import TargetError, target_hash, unreachable
 
 log = logging.getLogger("tritonpack.mme")
+T = TypeVar("T")
 INSUFFICIENT_STORAGE = 507
-STAGING = ".download-"  # downloads are staged beside the entries, in `.download-<8 of the target's hash>-<random>`
+# downloads and unpacked files are staged beside the entries, in `.download-<8 of the target's hash>-<random>`
+STAGING = ".download-"
 # What the cache writes: `<hash>` (`sources.target_hash`) folders and staging folders
 LEFT_BEHIND = re.compile(rf"[0-9a-f]{{32}}|{re.escape(STAGING)}[0-9a-f]{{8}}-\w+")
 
@@ -116,20 +120,22 @@ class DiskCache:
             return self.model_dir(target)
 
     def staging_dir(self, target: str) -> Path:
-        """A fresh folder beside the entries for a download (the caller removes it)."""
+        """A fresh folder beside the entries for a download and its unpacked files (the caller removes it)."""
         self.root.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix=f"{STAGING}{target_hash(target)[:8]}-", dir=self.root))
 
-    def add(self, target: str, version: str, tarball: Path, limits=None) -> Path:
-        """Extract `tarball`, which the caller has just scanned, to `<hash>/model` and record it; raises
-        ArchiveError if it turns out unsafe while extracting (it changed since the scan)."""
-        from tritonpack.archive import safe_extract
-
+    def place(self, target: str, version: str, unpacked: Path) -> Path:
+        """Move `unpacked` (a checked tarball's files, in a `staging_dir` of this cache) to `<hash>/model`, and an
+        earlier version's folder there into that staging folder, which the caller removes; record it."""
         entry_dir = self.root / target_hash(target)
         with self._lock:
             self.entries.pop(target, None)
         (entry_dir / "source.json").unlink(missing_ok=True)
-        model_dir = safe_extract(tarball, entry_dir / "model", limits, replace=True, prechecked=True)
+        model_dir = entry_dir / "model"
+        entry_dir.mkdir(exist_ok=True)
+        if model_dir.exists():
+            model_dir.rename(unpacked.parent / "replaced")
+        unpacked.rename(model_dir)
         size = folder_bytes(model_dir)
         (entry_dir / "source.json").write_text(json.dumps({"target": target, "version": version, "bytes": size}))
         with self._lock:
@@ -243,23 +249,14 @@ class TargetStore:
         self.cache.remove(prepared.target)
 
     def _admit(self, target: str, version: str, in_use: Callable[[], Iterable[str]]) -> Path:
-        from tritonpack.check import check
-        from tritonpack.check.structure import container_stub_python
-        from tritonpack.errors import ArchiveError
-        from tritonpack.server import local_server_python
-
         staging = self.cache.staging_dir(target)
+        unpacked = staging / "model"
         try:
             started = time.monotonic()
             tarball = self._with_room(target, in_use, "downloading", lambda: self._fetch(target, staging))
             fetched = time.monotonic()
             self.metrics.observe("ModelDownloadingTime", fetched - started)
-            if self.container:  # judged for the stub of the container's Python, which this server runs
-                report = check(tarball, self.limits, python=self.python, server=container_stub_python(self.python),
-                               known_envs=self.known_envs)
-            else:  # for the container the tarball was built for (its manifest), by a server whose Python is this
-                # interpreter's: python models may use its packages where the tarball carries no environment
-                report = check(tarball, self.limits, server=local_server_python(), known_envs=self.known_envs)
+            report = self._with_room(target, in_use, "unpacking", lambda: self._check(tarball, unpacked))
             checked = time.monotonic()
             self.metrics.observe("ModelCheckingTime", checked - fetched)
             problems = report.problems
@@ -267,21 +264,32 @@ class TargetStore:
                 error = TargetError(400, f"{target} is not deployable", [str(p) for p in problems])
                 self._refused[target] = (version, error, math.inf)
                 raise error
-            try:
-                model_dir = self._with_room(target, in_use, "extracting",
-                                            lambda: self.cache.add(target, version, tarball, self.limits))
-            except ArchiveError as e:  # changed between the check and the extraction
-                raise TargetError(400, f"{target} is not deployable: unsafe archive, nothing extracted",
-                                  [str(p) for p in e.problems]) from e
-            extracted = time.monotonic()
-            self.metrics.observe("ModelExtractingTime", extracted - checked)
-            log.info("%s: fetched in %.2f s, checked in %.2f s, extracted in %.2f s", target, fetched - started,
-                     checked - fetched, extracted - checked)
+            model_dir = self._with_room(target, in_use, "placing",
+                                        lambda: self.cache.place(target, version, unpacked))
+            placed = time.monotonic()
+            self.metrics.observe("ModelExtractingTime", placed - checked)
+            log.info("%s: fetched in %.2f s, checked and unpacked in %.2f s, placed in %.3f s", target,
+                     fetched - started, checked - fetched, placed - checked)
             for skipped in serve_without_foreign_environments(model_dir, report, self.python):
                 log.warning("%s: %s", target, skipped)
             return model_dir
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+    def _check(self, tarball: Path, unpacked: Path):
+        """`check`'s report of `tarball`, its members written to `unpacked` (a new folder) by the same read."""
+        from tritonpack.check import check
+        from tritonpack.check.structure import container_stub_python
+        from tritonpack.server import local_server_python
+
+        shutil.rmtree(unpacked, ignore_errors=True)  # what a try cut short by a full disk wrote
+        if self.container:  # judged for the stub of the container's Python, which this server runs
+            return check(tarball, self.limits, python=self.python, server=container_stub_python(self.python),
+                         known_envs=self.known_envs, unpack_to=unpacked)
+        # for the container the tarball was built for (its manifest), by a server whose Python is this interpreter's:
+        # python models may use its packages where the tarball carries no environment
+        return check(tarball, self.limits, server=local_server_python(), known_envs=self.known_envs,
+                     unpack_to=unpacked)
 
     def _fetch(self, target: str, staging: Path) -> Path:
         try:
@@ -291,8 +299,7 @@ class TargetStore:
                 raise
             raise unreachable(self.source.location(target), e) from e
 
-    def _with_room(self, target: str, in_use: Callable[[], Iterable[str]], doing: str, write: Callable[[], Path]) \
-            -> Path:
+    def _with_room(self, target: str, in_use: Callable[[], Iterable[str]], doing: str, write: Callable[[], T]) -> T:
         """`write()`; on a full disk, once more after removing every extracted target Triton does not hold (as
         SageMaker frees an instance's volume), then 507 — never remembered as the tarball's fault."""
         written = _unless_disk_full(write)
@@ -317,7 +324,7 @@ class TargetStore:
         return evicted
 
 
-def _unless_disk_full(write: Callable[[], Path]) -> Path | None:
+def _unless_disk_full(write: Callable[[], T]) -> T | None:
     try:
         return write()
     except OSError as e:
