@@ -167,7 +167,8 @@ def summarize_memory(server_only: dict, ladder: dict) -> dict:
 
 def load_phases(mme) -> dict:
     """Where the local MME's first load went, from its metrics: the gateway (the wait less Triton's part), and of it
-    fetching, `check` and extraction, then Triton's load (environment, stubs, `initialize`)."""
+    fetching, `check` (whose read also unpacks the tarball) and placing it, then Triton's load (environment, stubs,
+    `initialize`)."""
     metrics = mme.manager.metrics.snapshot()
     triton = metrics["ModelLoadingTime_sum"]
     return {"gateway_s": metrics["ModelLoadingWaitTime_sum"] - triton, "fetch_s": metrics["ModelDownloadingTime_sum"],
@@ -206,8 +207,8 @@ def measure(bench, tarball: Path, container_python: str | None = None) -> dict:
                     cold[name].append({"server_start_s": server_start, "first_answer_s": first, "warm_answer_s": warm,
                                        **phases})
                     bench.log(f"    cold start {rep + 1}, {name} environment: tarball → first answer {first:.2f}s "
-                              f"(gateway {phases['gateway_s']:.2f}s: check {phases['check_s']:.2f}s, extraction "
-                              f"{phases['extract_s']:.2f}s; Triton's load {phases['triton_load_s']:.2f}s; "
+                              f"(gateway {phases['gateway_s']:.2f}s: check and unpacking {phases['check_s']:.2f}s, "
+                              f"placing {phases['extract_s']:.2f}s; Triton's load {phases['triton_load_s']:.2f}s; "
                               f"server start {server_start:.1f}s, warm {1000 * warm:.0f} ms)")
                     if memory is None:
                         memory = summarize_memory(server_only, loaded_ladder(bench, mme, targets, texts,

@@ -197,8 +197,9 @@ def _memory_table(mme: dict, title: str) -> list[str]:
                   "is taken idle too). Stubs seen: python stub processes seen since the server started (one per "
                   "python step of each copy, and as many more for each copy Triton reloaded: docs/performance.md, "
                   "sixteenth round)."]
-    cold = ", ".join(f"{r['first_answer_s']:.2f} (gateway {r['gateway_s']:.2f}: check {r['check_s']:.2f}, extraction "
-                     f"{r['extract_s']:.2f}; Triton {r['triton_load_s']:.2f})" for r in mme["cold_start"]["runs"])
+    cold = ", ".join(f"{r['first_answer_s']:.2f} (gateway {r['gateway_s']:.2f}: check and unpacking "
+                     f"{r['check_s']:.2f}, placing {r['extract_s']:.2f}; Triton {r['triton_load_s']:.2f})"
+                     for r in mme["cold_start"]["runs"])
     stock = ", ".join(f"{r['first_answer_s']:.2f}" for r in mme["cold_start"]["stock_endpoint"]["runs"])
     python = mme.get("stub_python")
     ran = (f"The stub of the container's Python ({python}) ran each copy's packed environment, as on the endpoint "
