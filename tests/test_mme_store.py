@@ -99,6 +99,22 @@ def test_target_store_unpacks_in_its_check_and_leaves_nothing_of_a_tarball_it_re
     assert [p.name for p in cache.iterdir()] == [model_dir.parent.name]  # no staging folder, no old version left
 
 
+def test_target_store_unpacks_beside_a_download_named_as_its_unpacked_folder(tmp_path):
+    """S3 downloads land in the staging folder under the target's name; a target named `model` collided with the
+    folder the check unpacked into."""
+    from tests.test_check import as_tarball, write_repo
+
+    tarball = as_tarball(write_repo(tmp_path / "repo", env_python="3.11"))
+
+    class Downloads(LocalSource):  # S3Source's way, without an S3: a copy under the target's own name
+        def fetch(self, target: str, staging: Path) -> Path:
+            return Path(shutil.copy(tarball, staging / target))
+
+    store = TargetStore(Downloads(tmp_path), DiskCache(tmp_path / "cache", 1 << 30))
+    shutil.copy(tarball, tmp_path / "model")
+    assert (store.prepare("model", set).model_dir / "pre" / "1" / "model.py").is_file()
+
+
 def s3_source(endpoint_url: str = "https://s3.us-east-1.amazonaws.com") -> S3Source:
     client = boto3.client("s3", endpoint_url=endpoint_url, region_name="us-east-1", aws_access_key_id="x",
                           aws_secret_access_key="x", config=Config(retries={"max_attempts": 1}, connect_timeout=2))

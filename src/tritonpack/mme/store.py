@@ -250,7 +250,7 @@ class TargetStore:
 
     def _admit(self, target: str, version: str, in_use: Callable[[], Iterable[str]]) -> Path:
         staging = self.cache.staging_dir(target)
-        unpacked = staging / "model"
+        unpacked = Path(tempfile.mkdtemp(dir=staging)) / "model"  # beside a download of any name
         try:
             started = time.monotonic()
             tarball = self._with_room(target, in_use, "downloading", lambda: self._fetch(target, staging))
