@@ -13,11 +13,17 @@ from pathlib import Path
 import pytest
 
 from tests.reliability import hostile
-from tritonpack.archive import ArchiveLimits, Problem, archive_problems, normalise_name
+from tritonpack.archive import ArchiveLimits, Problem, normalise_name, scan
 from tritonpack.check import check
 
 SMALL = ArchiveLimits(max_members=50, max_total_bytes=4 << 20, max_member_bytes=2 << 20, max_ratio=50,
                       ratio_floor_bytes=1 << 20)
+
+
+def archive_problems(tar_path: Path, limits: ArchiveLimits | None = None) -> list[Problem]:
+    """What the archive rules alone say of `tar_path` (`check` says these first, and nothing more of an unsafe one)."""
+    with open(tar_path, "rb") as f:
+        return scan(f, Path(tar_path).name, limits or ArchiveLimits())
 
 
 def member(name: str, data: bytes | None = b"x", kind: bytes = tarfile.REGTYPE, link: str = "",

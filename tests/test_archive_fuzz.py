@@ -17,7 +17,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tritonpack.archive import ArchiveLimits, archive_problems, normalise_name
+from tests.test_archive import archive_problems
+from tritonpack.archive import ArchiveLimits, normalise_name
 from tritonpack.check import check
 
 EXAMPLES = int(os.environ.get("TRITONPACK_FUZZ_EXAMPLES", "60"))  # `make soak` runs many more

@@ -1,6 +1,6 @@
 """Tarball safety: inspect a (gzip) tar in one read, and unpack only what passes.
 
-`scan` (and `archive_problems`) reads the stream once, front to back, counting decompressed bytes as they come, so
+`scan` reads the stream once, front to back, counting decompressed bytes as they come, so
 a bomb (by size, ratio or entry count) is stopped early instead of filling a disk. An `Unpacker` writes the members
 a scan passes while that same read goes by (Python's `data` extraction filter as a second line of defence), into a
 staging folder its caller removes unless the read found nothing.
@@ -101,12 +101,12 @@ class _Meter(io.RawIOBase):
         limits = self.limits
         if self.count > limits.max_total_bytes:
             raise _Refused(Problem(self.label, "size", f"unpacks to more than {limits.max_total_bytes} bytes "
-                                                             f"(limit max_total_bytes)"))
+                                                      f"(limit max_total_bytes)"))
         if self.raw is not None and self.count > limits.ratio_floor_bytes \
                 and self.count > limits.max_ratio * max(self.raw.count, 1):
             raise _Refused(Problem(self.label, "size", f"compression ratio above {limits.max_ratio:g} "
-                                                             f"({self.count} bytes from {self.raw.count}; "
-                                                             f"limit max_ratio)"))
+                                                      f"({self.count} bytes from {self.raw.count}; "
+                                                      f"limit max_ratio)"))
         return n
 
     def drain(self) -> None:
@@ -302,16 +302,6 @@ def _where_gzip_ends(f) -> str:
            "the tarball again"
 
 
-def archive_problems(tar_path: Path, limits: ArchiveLimits | None = None) -> list[Problem]:
-    """Everything that makes `tar_path` unsafe to extract; empty when it is safe. Nothing is extracted."""
-    tar_path = Path(tar_path)
-    try:
-        with open(tar_path, "rb") as f:
-            return scan(f, tar_path.name, limits or ArchiveLimits())
-    except OSError as e:
-        return [Problem(tar_path.name, "archive", f"cannot read: {e.strerror or e}")]
-
-
 class _Tee(io.RawIOBase):
     """A member's bytes as they are read, each also written to `out`."""
 
@@ -322,13 +312,12 @@ class _Tee(io.RawIOBase):
         return True
 
     def readinto(self, b) -> int:
-        chunk = self.data.read(len(b))
-        b[:len(chunk)] = chunk
+        n = self.data.readinto(b)
         try:
-            self.out.write(chunk)
+            self.out.write(memoryview(b)[:n])
         except OSError as e:
             raise UnpackFailed(e.errno, f"cannot write {self.name}: {e.strerror}") from e
-        return len(chunk)
+        return n
 
 
 class Unpacker:
@@ -340,9 +329,8 @@ class Unpacker:
     found no problem; a failure to write that is the disk's raises `UnpackFailed`."""
 
     def __init__(self, root: Path):
-        self.root = Path(root)
-        self.root.mkdir(parents=True)
-        self._real_root = self.root.resolve()
+        Path(root).mkdir(parents=True)
+        self._real_root = Path(root).resolve()
 
     def _target(self, member: tarfile.TarInfo) -> tuple[Path, tarfile.TarInfo]:
         try:
