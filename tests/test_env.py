@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -147,6 +148,19 @@ def test_pack_env_gives_same_bytes_when_packed_twice(tmp_path):
     meta = json.loads(first.path.with_suffix("").with_suffix(".json").read_text())
     assert meta["compressed_bytes"] == first.path.stat().st_size
 
+
+
+def test_an_environment_rewritten_for_a_tarball_is_the_same_tar_in_stored_gzip_blocks(tmp_path):
+    tar = b"lib/python3.10/site-packages/openvino " * 40_000  # 1.5 MB that deflate shrinks ~100-fold
+    packed = tmp_path / "packed.tar.gz"
+    packed.write_bytes(gzip.compress(tar, compresslevel=9))
+    stored = [tmp_path / f"stored{i}.tar.gz" for i in range(2)]
+    for target in stored:
+        envpack.rewrite_as_stored_gzip(packed, target)
+    data = stored[0].read_bytes()
+    assert gzip.decompress(data) == tar and data == stored[1].read_bytes()  # reproducible: no timestamp
+    assert len(tar) < len(data) < len(tar) * 1.001  # stored: nothing left for Triton to inflate
+    assert not list(tmp_path.glob("*.partial"))
 
 # Python 3.10 (container 24.09's) writes a frozenset constant in its strings' hash order, random per process
 FROZENSET_MODULE = 'def known(x):\n    return x in {"alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta"}\n'

@@ -107,7 +107,8 @@ def attach_environment(folders: Iterable[ModelFolder], cache: ArtifactCache, pyt
                        method: str | None = None) -> EnvPlan | None:
     """One packed environment for the whole repository, at its top: every python model that needs more than numpy
     runs in it (`EXECUTION_ENV_PATH` = `$$TRITON_MODEL_DIRECTORY/../<file>`). Triton's python backend extracts a
-    file once however many models name it, so their stubs share its libraries; numpy-only models run in the
+    file once however many models name it, so their stubs share its libraries; the file's gzip holds stored blocks
+    (`envpack.rewrite_as_stored_gzip`), which it unpacks without inflating. Numpy-only models run in the
     container's own Python. None when a model imports what no environment can carry (torch, tensorflow): the
     server's Python must provide everything then, and packing the rest would not make the tarball deployable."""
     folders = list(folders)
@@ -117,7 +118,7 @@ def attach_environment(folders: Iterable[ModelFolder], cache: ArtifactCache, pyt
     members = tuple(sorted({env for envs, _ in needs.values() for env in envs}))
     if not members:
         return EnvPlan(folders, {}, None, [])
-    packed = cached_env(cache, members, python, method)
+    packed = cached_env(cache, members, python, method, stored=True)
     value = f"{MODEL_DIR_VAR}/../{packed.filename}"
     users = [name for name, (envs, _) in needs.items() if envs]
     out = [ModelFolder(replace(f.spec, parameters={**dict(f.spec.parameters), ENV_PARAMETER: value}), f.files)

@@ -201,14 +201,34 @@ def packed_env(out_dir: Path, names: tuple[str, ...], python: str, method: str) 
     pack_env(names, out_dir, python, method)
 
 
+@producer("stored-env")
+def stored_env(out_dir: Path, packed: Path) -> None:
+    rewrite_as_stored_gzip(packed, out_dir / packed.name)
+
+
 def cached_env(cache: ArtifactCache, names: tuple[str, ...], python: str | None = None,
-               method: str | None = None) -> PackedEnv:
-    """The packed environment of `names` for `python`, from the artifact cache (packed there once)."""
+               method: str | None = None, stored: bool = False) -> PackedEnv:
+    """The packed environment of `names` for `python`, from the artifact cache (packed there once); `stored`: its
+    gzip with stored blocks (`rewrite_as_stored_gzip`), as MME tarballs carry it."""
     spec = EnvSpec.load(names)
     python, method = python or PYTHON_VERSION, method or packer()
     folder = cache.get(packed_env, names=spec.members, python=python, method=method)
-    return PackedEnv(spec.name, python, folder / f"{spec.name}-py{python}.tar.gz", spec.installed(method, python),
-                     method)
+    path = folder / f"{spec.name}-py{python}.tar.gz"
+    if stored:
+        path = cache.get(stored_env, packed=path) / path.name
+    return PackedEnv(spec.name, python, path, spec.installed(method, python), method)
+
+
+def rewrite_as_stored_gzip(source: Path, target: Path) -> None:
+    """`source`, a gzip file, rewritten as a gzip of stored blocks: the same tar, which Triton's python backend
+    unpacks at every load without inflating it (libarchive reads only gzip, so it stays one), while the MME
+    tarball's own deflate compresses it about as well as its packing did. Inflated once per cold start instead of
+    twice through a gateway that vets it (docs/performance.md, sixty-eighth round)."""
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    with gzip.open(source, "rb") as packed, open(tmp, "wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=FIXED_MTIME, compresslevel=0) as stored:
+        shutil.copyfileobj(packed, stored, 1 << 20)
+    tmp.replace(target)
 
 
 def pack_prefix(prefix: Path, target: Path, python: str, method: str = "venv-pack") -> dict:
