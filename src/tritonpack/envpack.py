@@ -221,9 +221,9 @@ def cached_env(cache: ArtifactCache, names: tuple[str, ...], python: str | None 
 
 def rewrite_as_stored_gzip(source: Path, target: Path) -> None:
     """`source`, a gzip file, rewritten as a gzip of stored blocks: the same tar, which Triton's python backend
-    unpacks at every load without inflating it (libarchive reads only gzip, so it stays one), while the MME
-    tarball's own deflate compresses it about as well as its packing did. Inflated once per cold start instead of
-    twice through a gateway that vets it (docs/performance.md, sixty-eighth round)."""
+    unpacks at every load without inflating it, while the MME tarball's own deflate compresses it about as well as
+    its packing did; still a gzip, as its `.tar.gz` name says. Through a gateway that vets it, inflated once per
+    cold start instead of twice (docs/performance.md, sixty-eighth round)."""
     tmp = target.with_name(f"{target.name}.{os.getpid()}.partial")
     with gzip.open(source, "rb") as packed, open(tmp, "wb") as raw, \
             gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=FIXED_MTIME, compresslevel=0) as stored:
