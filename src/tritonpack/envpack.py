@@ -37,7 +37,7 @@ from tritonpack.backends import ENVIRONMENTS
 from tritonpack.cache import ArtifactCache, producer
 from tritonpack.components import ModelFolder
 from tritonpack.errors import EnvError
-from tritonpack.repository import FIXED_MTIME, sha256_file
+from tritonpack.repository import FIXED_MTIME, reproducible_gzip, sha256_file
 from tritonpack.server import PYTHON_VERSION
 
 ENVS_DIR = CARD_ROOT / "envs"
@@ -224,11 +224,8 @@ def rewrite_as_stored_gzip(source: Path, target: Path) -> None:
     unpacks at every load without inflating it, while the MME tarball's own deflate compresses it about as well as
     its packing did; still a gzip, as its `.tar.gz` name says. Through a gateway that vets it, inflated once per
     cold start instead of twice (docs/performance.md, sixty-eighth round)."""
-    tmp = target.with_name(f"{target.name}.{os.getpid()}.partial")
-    with gzip.open(source, "rb") as packed, open(tmp, "wb") as raw, \
-            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=FIXED_MTIME, compresslevel=0) as stored:
+    with gzip.open(source, "rb") as packed, open(target, "wb") as raw, reproducible_gzip(raw, 0) as stored:
         shutil.copyfileobj(packed, stored, 1 << 20)
-    tmp.replace(target)
 
 
 def pack_prefix(prefix: Path, target: Path, python: str, method: str = "venv-pack") -> dict:
@@ -514,8 +511,7 @@ def normalise_archive(source: Path, target: Path, python: str) -> dict:
         raise EnvError(f"{source}: no lib/python{python}/ inside; the env was not built for Python {python}")
     tmp = target.with_name(f"{target.name}.{os.getpid()}.partial")  # concurrent packers never share a file
     uncompressed = 0
-    with open(tmp, "wb") as raw, \
-            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=FIXED_MTIME, compresslevel=9) as gz, \
+    with open(tmp, "wb") as raw, reproducible_gzip(raw, 9) as gz, \
             tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as out:
         for name in sorted(entries):
             member, data = entries[name]

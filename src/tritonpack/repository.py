@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import BinaryIO
 
 from tritonpack.components import ModelFolder
 from tritonpack.errors import UserError
@@ -20,6 +21,11 @@ from tritonpack.errors import UserError
 MANIFEST = "manifest.json"
 STEP_DIGEST_HEX = 12  # of the build's SHA-256, in the MME tarball's step names
 FIXED_MTIME = 0  # tar entries and the gzip header carry no build time, so equal inputs give equal bytes
+
+
+def reproducible_gzip(raw: BinaryIO, level: int) -> gzip.GzipFile:
+    """A gzip writer over `raw` whose header names no file and no time: equal bytes in give equal bytes out."""
+    return gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=FIXED_MTIME, compresslevel=level)
 
 
 def write_repository(folders: Iterable[ModelFolder], out_dir: Path, manifest: Mapping | None = None,
@@ -149,8 +155,7 @@ def write_tarball(repo_dir: Path, tar_path: Path) -> Path:
     # a name of its own beside the target: concurrent builds of one name each write their own, then replace in turn
     handle, tmp = tempfile.mkstemp(prefix=f".{tar_path.name}-", suffix=".partial", dir=tar_path.parent)
     try:
-        with open(handle, "wb") as raw, \
-                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=FIXED_MTIME, compresslevel=6) as gz, \
+        with open(handle, "wb") as raw, reproducible_gzip(raw, 6) as gz, \
                 tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for path in sorted(repo_dir.rglob("*")):
                 if path.is_symlink():
