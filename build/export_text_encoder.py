@@ -50,7 +50,7 @@ CHECK_TEXTS = [
     "Merci beaucoup", "Danke schön", "¿Qué tal?", "Cool 😎", "404",
 ]
 # Long texts, from 17 tokens to past the model's limit: where a CPU's bf16 misses the floor on short texts only, the
-# encoder computes longer ones in bf16 (openvino_session.BF16_LONG), and these check that route.
+# encoder guards short ones (openvino_session.GUARDED), and these check that it computes the others in bf16 alone.
 _REPORT = ("The warehouse in Rotterdam shipped 1,240 pallets in March, up 8% on February, although two deliveries to "
            "Lyon were delayed by a strike at the port. Customers asked mostly about tracking numbers, invoices that "
            "listed the wrong VAT rate, and whether orders placed after 4 p.m. still leave the same day; the answer "
@@ -133,13 +133,11 @@ def pack(inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[int
     return _runner_module("packing").packed_inputs(rows), lengths
 
 
-def packs(inputs: dict[str, np.ndarray], max_rows: int = 0, short_tokens: int = 0,
-          short_max_tokens: int = 0) -> list[tuple[dict[str, np.ndarray], list[int], list[int]]]:
+def packs(inputs: dict[str, np.ndarray], max_rows: int = 0) -> list[tuple[dict[str, np.ndarray], list[int], list[int]]]:
     """`pack` over the runner's groups of at most `max_rows` rows (one group with 0), with the rows in each: a pooled
-    export with sentence slots returns that many rows, so it checks the texts a slot-full at a time. Short sentences
-    are packed apart as the runner packs them for a session that runs them apart (packing.pack_groups)."""
+    export with sentence slots returns that many rows, so it checks the texts a slot-full at a time."""
     lengths = [max(int(m.sum()), 1) for m in inputs["attention_mask"]]
-    groups = _runner_module("packing").pack_groups(lengths, sum(lengths), max_rows, 1, short_tokens, short_max_tokens)
+    groups = _runner_module("packing").pack_groups(lengths, sum(lengths), max_rows)
     return [pack({n: a[group] for n, a in inputs.items()}) + (group,) for group in groups]
 
 
@@ -421,12 +419,12 @@ def _cpu_signature() -> dict[str, str]:
 def openvino_check(out_dir: Path, source: SentenceTransformerSource, model: Path, precision: str, packed: bool) -> None:
     """Run the plain or packed export `model` (ONNX, or IR with its weights in 16 or 32 bits) with the runner's OpenVINO
     session at `precision` (fp32 | bf16) on this CPU and compare its mean-pooled embeddings with PyTorch's. Where this
-    CPU runs bf16 below MIN_EMBEDDING_COSINE, the served encoder reopens at the precision the session names (bf16 for
-    long sentences only, bf16 up to the middle layer, then fp32: it checks itself at load against `reference.npz`), so
-    those are checked in turn, packed as the runner packs for them. Writes what this CPU would serve and its smallest
-    cosine to `check.json` and raises when that is below the floor: `serves`, the precision it held at, and `cpu`,
-    this CPU's signature, for a runner on the same CPU to open there directly. Where the CPU has no native bf16,
-    OpenVINO runs fp32 and the check says so."""
+    CPU runs bf16 below MIN_EMBEDDING_COSINE, the served encoder reopens at the precision the session names (bf16 with
+    cancelling short sentences guarded, bf16 up to the middle layer, then fp32: it checks itself at load against
+    `reference.npz`), so those are checked in turn, packed as the runner packs for them. Writes what this CPU would
+    serve and its smallest cosine to `check.json` and raises when that is below the floor: `serves`, the precision it
+    held at, and `cpu`, this CPU's signature, for a runner on the same CPU to open there directly. Where the CPU has
+    no native bf16, OpenVINO runs fp32 and the check says so."""
     inputs = check_inputs(source)
     reference = mean_pooled(_expected(source, inputs), inputs["attention_mask"], False)
     cosine, ran, fallback = _openvino_cosine(model, precision, inputs, reference, packed)
@@ -468,14 +466,14 @@ def openvino_embeddings(model: Path, precision: str, inputs: dict[str, np.ndarra
 
     mask = inputs["attention_mask"]
     if packed:
-        # as the packing runner opens it (short sentences apart where the session asks for it)
+        # as the packing runner opens it
         session = _runner_module("openvino_session").open_session(str(model), {"precision": precision,
                                                                                "max_pack_tokens": str(mask.size)})
         rows = ov.Core().read_model(str(model)).output(0).get_partial_shape()  # [slots, hidden] with sentence slots
         slots = rows[0].get_length() if len(rows) == 2 and rows[0].is_static else 0
         pieces, order = [], []
-        for feeds, lengths, group in packs(inputs, slots, session.short_tokens, session.short_pack_tokens):
-            got = next(iter(session(feeds, min(lengths)).values()))  # token embeddings [1, tokens, hidden], or rows
+        for feeds, lengths, group in packs(inputs, slots):
+            got = next(iter(session(feeds, len(lengths)).values()))  # token embeddings [1, tokens, hidden], or rows
             pieces.append(unpack(got, lengths, mask.shape[1]) if got.ndim == 3 else got[:len(lengths)])
             order += group
         actual = np.concatenate(pieces)[np.argsort(order)]

@@ -335,7 +335,7 @@ CORPUS = {  # name → (mutation, needs an env in the repository, expected probl
         "pre/1/../model.onnx", "parameters.artifact", "must name a file inside the version folder")),
     # what the OpenVINO runner's session refuses at load (models/framework_runner/openvino_session.py)
     "precision_unknown": (precision_unknown, False, Problem(
-        "pre/config.pbtxt", "parameters.precision", "'fp8' is not one of fp32, bf16, bf16-long, mixed")),
+        "pre/config.pbtxt", "parameters.precision", "'fp8' is not one of fp32, bf16, bf16-guarded, mixed")),
     "build_cpu_precision_not_a_fall_back": (build_cpu_precision_not_a_fall_back, False, Problem(
         "pre/config.pbtxt", "parameters.build_cpu_precision", "'bf16' is not a precision mixed falls back to (fp32)")),
     "artifact_changed": (artifact_changed, False, Problem("enc/1/model.onnx", "sha256", "differs from manifest.json "

@@ -83,23 +83,23 @@ def test_build_check_runs_bf16_when_the_cpu_has_it(encoder, capsys, tmp_path):
     assert "openvino bf16 (bf16)" in out and (bf16 >= 0.9999 or "so the encoder serves" in out)
 
 
-ROUTED = "bf16, bf16+f32 up to 16 tokens"  # what a bf16-long session computes on a CPU with native bf16
+GUARDED = "bf16, cancelling sentences of up to 16 tokens bf16+f32"  # a bf16-guarded session, on a CPU with native bf16
 
 
 @pytest.mark.parametrize("stand_ins, ran, served", [
-    ({"bf16-long": 0.99996}, ROUTED,
-     "bf16 for sentences of more than 16 tokens, for shorter ones bf16 up to the middle layer and fp32 after"),
-    ({"bf16-long": 0.99985, "mixed": 0.99996}, "bf16+f32", "bf16 up to the middle layer and fp32 after"),
-    ({"bf16-long": 0.99985, "mixed": 0.9998}, "f32", "fp32")])
+    ({"bf16-guarded": 0.99996}, GUARDED,
+     "bf16, and the second half again in fp32 for sentences of at most 16 tokens whose token states nearly cancel"),
+    ({"bf16-guarded": 0.99985, "mixed": 0.99996}, "bf16+f32", "bf16 up to the middle layer and fp32 after"),
+    ({"bf16-guarded": 0.99985, "mixed": 0.9998}, "f32", "fp32")])
 def test_build_check_follows_the_sessions_fall_back_when_bf16_falls_below_the_floor_on_this_cpu(
         packed_ir, sessions, monkeypatch, capsys, tmp_path, stand_ins, ran, served):
-    """Stand-ins for what ran: bf16 drifts below the floor, then bf16 for long sentences only, then bf16 up to the
-    middle layer, do or do not (no CPU here is known to drift on the check texts every time); fp32 is the real
+    """Stand-ins for what ran: bf16 drifts below the floor, then bf16 with cancelling short sentences guarded, then bf16
+    up to the middle layer, do or do not (no CPU here is known to drift on the check texts every time); fp32 is the real
     session."""
     source, ir = packed_ir
     real = export_text_encoder._openvino_cosine
     fallbacks = sessions["openvino"].FALLBACK
-    computes = {"bf16": "bf16", "bf16-long": ROUTED, "mixed": "bf16+f32"}
+    computes = {"bf16": "bf16", "bf16-guarded": GUARDED, "mixed": "bf16+f32"}
 
     def drifting(model, precision, *args):
         if precision == "fp32":
@@ -111,9 +111,9 @@ def test_build_check_follows_the_sessions_fall_back_when_bf16_falls_below_the_fl
     check = json.loads((tmp_path / "check.json").read_text())
     assert check["ran"] == ran and check["below_floor"]["bf16"] == 0.9990
     # the precision that held and the CPU it held on, for a runner on this CPU to open there
-    assert check["serves"] == {ROUTED: "bf16-long", "bf16+f32": "mixed", "f32": "fp32"}[ran]
+    assert check["serves"] == {GUARDED: "bf16-guarded", "bf16+f32": "mixed", "f32": "fp32"}[ran]
     assert check["cpu"] == sessions["openvino"].cpu_signature()
-    served_cosine = {ROUTED: stand_ins["bf16-long"], "bf16+f32": stand_ins.get("mixed")}.get(ran)
+    served_cosine = {GUARDED: stand_ins["bf16-guarded"], "bf16+f32": stand_ins.get("mixed")}.get(ran)
     assert check["min_cosine"] == (served_cosine or pytest.approx(1.0, abs=1e-4))  # the real fp32 session: ~1
     below = [f"{stand_ins[p]:.6f} ({computes[p]})" for p in stand_ins if stand_ins[p] < 0.9999]
     out = capsys.readouterr().out
@@ -291,44 +291,82 @@ def test_mixed_session_splits_where_the_cpu_computes_bf16_and_keeps_the_floor_on
     assert (got * expected).sum(1).min() >= 0.9999
 
 
-def test_bf16_long_session_runs_long_sentences_in_bf16_and_short_ones_as_mixed_when_the_runner_packs(
+def test_guarded_session_runs_bf16_and_the_second_half_again_in_f32_for_cancelling_short_sentences(
         packed_ir, sessions, artifact_cache):
+    """Every row of a guarded call is the whole bf16 compile's, bit for bit, or, for a short sentence whose token
+    states nearly cancel ("Thank you!", where bf16 misses the floor on the AMX Xeons), the split's: bf16 up to the
+    middle layer, f32 after."""
     source, ir = packed_ir
     with np.load(artifact_cache.get(export_text_encoder.encoder_reference, source=source) / "reference.npz") as ref:
         expected, inputs = ref["embedding"], {n: ref[n] for n in ("input_ids", "attention_mask", "token_type_ids")}
     packing = {"max_pack_tokens": "256"}
-    routed, mixed, bf16 = (sessions["openvino"].open_session(str(ir["fp16"]), {"precision": p, **packing})
-                           for p in ("bf16-long", "mixed", "bf16"))
-    # without packing nothing sends short sentences apart: bf16-long is mixed
-    unpacked = sessions["openvino"].open_session(str(ir["fp16"]), {"precision": "bf16-long"})
-    assert (unpacked.short_tokens, unpacked.computes, unpacked.fallback) == \
-        ((0, "bf16+f32", ("fp32", "fp32")) if CPU_HAS_BF16 else (0, "f32", None))
+    guarded, mixed, bf16 = (sessions["openvino"].open_session(str(ir["fp16"]), {"precision": p, **packing})
+                            for p in ("bf16-guarded", "mixed", "bf16"))
+    # without packing the runner names no sentences and has no pooled rows to put back: bf16-guarded is mixed
+    unpacked = sessions["openvino"].open_session(str(ir["fp16"]), {"precision": "bf16-guarded"})
+    assert (unpacked.guarded, unpacked.computes, unpacked.fallback) == \
+        ((False, "bf16+f32", ("fp32", "fp32")) if CPU_HAS_BF16 else (False, "f32", None))
     if not CPU_HAS_BF16:
-        assert (routed.short_tokens, routed.computes, routed.fallback) == (0, "f32", None)
+        assert (guarded.guarded, guarded.computes, guarded.fallback) == (False, "f32", None)
         return
-    assert (routed.short_tokens, routed.short_pack_tokens) == (16, 64)
-    assert routed.computes == "bf16, bf16+f32 up to 16 tokens" and routed.fallback[0] == "mixed"
+    assert guarded.guarded and guarded.computes == GUARDED and guarded.fallback[0] == "mixed"
     got = np.zeros_like(expected)
-    groups = export_text_encoder.packs(inputs, 64, routed.short_tokens, routed.short_pack_tokens)
-    assert {min(lengths) > 16 for _, lengths, _ in groups} == {True, False}  # the check texts take both routes
-    for feeds, lengths, rows in groups:
-        out = routed(feeds, min(lengths))["EMBEDDING"]
-        if min(lengths) <= 16:  # the short route is the mixed session's, bit for bit
-            np.testing.assert_array_equal(out, mixed(feeds)["EMBEDDING"])
-        else:  # the long route computes bf16 after the middle layer too: the packing bf16 session's, not mixed
-            np.testing.assert_array_equal(out, bf16(feeds)["EMBEDDING"])
-            assert np.abs(out - mixed(feeds)["EMBEDDING"]).max() > 0
-        got[rows] = out[:len(lengths)]
+    again = []
+    for feeds, lengths, rows in export_text_encoder.packs(inputs, 64):
+        out = guarded(feeds, len(lengths))["EMBEDDING"][:len(lengths)]
+        whole, split = bf16(feeds)["EMBEDDING"], mixed(feeds)["EMBEDDING"]
+        for row, text, length, embedding in zip(out, rows, lengths, range(len(lengths)), strict=True):
+            if not np.array_equal(row, whole[embedding]):
+                np.testing.assert_array_equal(row, split[embedding])
+                assert length <= 16
+                again.append(export_text_encoder.CHECK_TEXTS[text])
+        got[rows] = out
+    assert "Thank you!" in again and "A short one." not in again
     got /= np.linalg.norm(got, axis=1, keepdims=True)
     assert (got * expected).sum(1).min() >= 0.9999
+
+
+def test_cancelling_sentences_are_the_short_ones_whose_token_states_nearly_cancel(sessions):
+    openvino = sessions["openvino"]
+    rng = np.random.default_rng(0)
+    along = rng.normal(size=8)
+
+    def sentence(length, spread):  # token states around one direction: the larger the spread, the more they cancel
+        return along + spread * rng.normal(size=(length, 8))
+
+    states = np.concatenate([sentence(4, 0.1), sentence(4, 10.0), sentence(40, 10.0), sentence(16, 10.0),
+                             sentence(5, 10.0)]).astype(np.float32)
+    segments = np.repeat(np.arange(5), [4, 4, 40, 16, 5])
+    # the long one cancels as much but is not short; the last segment is padding where the caller says so
+    assert openvino.cancelling_sentences(states, segments).tolist() == [1, 3, 4]
+    assert openvino.cancelling_sentences(states, segments, sentences=4).tolist() == [1, 3]
+    assert openvino.cancelling_sentences(states[:8], segments[:8]).tolist() == [1]
+
+
+def test_guard_pack_holds_the_chosen_sentences_alone_padded_to_one_length(sessions):
+    openvino = sessions["openvino"]
+    segments = np.repeat(np.arange(4), [3, 5, 2, 6])[None]
+    inputs = {"segment_ids": segments, "input_ids": np.arange(16)[None] + 100,
+              "position_ids": np.concatenate([np.arange(n) for n in (3, 5, 2, 6)])[None]}
+    middle = np.arange(16 * 2, dtype=np.float32).reshape(1, 16, 2)
+    names = ["hidden_state", "segment_ids", "position_ids", "input_ids"]
+    feeds = openvino.guard_pack(middle, inputs, [1, 3], names)
+    tokens = openvino.GUARD_PACK_TOKENS
+    assert list(feeds) == names and all(a.shape[:2] == (1, tokens) for a in feeds.values())
+    taken = list(range(3, 8)) + list(range(10, 16))
+    np.testing.assert_array_equal(feeds["hidden_state"][0, :11], middle[0, taken])
+    assert not feeds["hidden_state"][0, 11:].any()
+    assert feeds["input_ids"][0, :11].tolist() == [100 + t for t in taken] and not feeds["input_ids"][0, 11:].any()
+    assert feeds["segment_ids"][0].tolist() == [0] * 5 + [1] * 6 + [2] * (tokens - 11)
+    assert feeds["position_ids"][0].tolist() == list(range(5)) + list(range(6)) + list(range(tokens - 11))
 
 
 def test_packing_bf16_session_is_one_whole_compile_and_falls_back_to_the_split_where_bf16_misses(packed_ir, sessions,
                                                                                                  monkeypatch):
     """Where bf16 holds the floor, one whole compile runs 3-4 % faster per call than the split's two bf16 halves and
-    holds 10 MB less; where it misses, the fall-back opens the split, whose bf16-long computes long packs in bf16 and
-    short ones through the f32 second half (docs/performance.md, forty-ninth round; the thirty-fourth had opened the
-    split from the start, when bf16 missed the floor on the EPYC family 25 model 17)."""
+    holds 10 MB less; where it misses, the fall-back guards it: the same whole compile, with its middle and final
+    states as outputs, and an f32 second half for the short sentences whose states cancel (docs/performance.md,
+    forty-ninth and seventieth rounds)."""
     import openvino as ov
 
     source, ir = packed_ir
@@ -344,18 +382,17 @@ def test_packing_bf16_session_is_one_whole_compile_and_falls_back_to_the_split_w
     if not CPU_HAS_BF16:  # f32 throughout: nothing to fall back to
         assert (session.computes, session.fallback, len(compiled)) == ("f32", None, 1)
         return
-    assert (session.computes, session.short_tokens, session.fallback[0], len(compiled)) == ("bf16", 0, "bf16-long", 1)
-    groups = export_text_encoder.packs(tokens(source, SENTENCES[:24] + ["Thank you!", "ok", "a b c"]), 64, 16, 64)
-    whole = [session(feeds, min(lengths))["EMBEDDING"] for feeds, lengths, _ in groups]
-    routed = session.reopened("bf16-long")
-    assert routed is not session and len(compiled) == 4  # the split's three stages
-    assert (routed.short_tokens, routed.short_pack_tokens, routed.computes, routed.fallback[0]) == \
-        (16, 64, ROUTED, "mixed")
-    assert {min(lengths) > 16 for _, lengths, _ in groups} == {True, False}
+    assert (session.computes, session.guarded, session.fallback[0], len(compiled)) == ("bf16", False, "bf16-guarded", 1)
+    groups = export_text_encoder.packs(tokens(source, SENTENCES[:24] + ["Thank you!", "ok", "a b c"]), 64)
+    whole = [session(feeds, len(lengths))["EMBEDDING"] for feeds, lengths, _ in groups]
+    guarded = session.reopened("bf16-guarded")
+    assert guarded is not session and len(compiled) == 3  # the whole model with two more outputs, an f32 second half
+    assert len(compiled[1].outputs) == len(compiled[0].outputs) + 2
+    assert (guarded.guarded, guarded.computes, guarded.fallback[0]) == (True, GUARDED, "mixed")
     for (feeds, lengths, _), before in zip(groups, whole, strict=True):
-        # the used slots, within cosine 0.9999: bf16 either way, or bf16 then f32 for short packs
-        assert_embeddings_match(routed(feeds, min(lengths))["EMBEDDING"][:len(lengths)], before[:len(lengths)])
-    assert routed.reopened("mixed").computes == "bf16+f32"
+        # the used slots, within cosine 0.9999: bf16, or bf16 then f32 for cancelling short sentences
+        assert_embeddings_match(guarded(feeds, len(lengths))["EMBEDDING"][:len(lengths)], before[:len(lengths)])
+    assert guarded.reopened("mixed").computes == "bf16+f32"
 
 
 def test_session_opens_at_the_build_checks_fall_back_only_on_a_cpu_of_the_signature_it_ran_on(packed_ir, sessions,
@@ -399,14 +436,14 @@ def test_cpu_signature_names_this_cpus_model_its_instruction_sets_and_openvinos_
 
 
 @pytest.mark.parametrize("params, problem", [
-    ({"precision": "fp8"}, ("precision", "'fp8' is not one of fp32, bf16, bf16-long, mixed")),
+    ({"precision": "fp8"}, ("precision", "'fp8' is not one of fp32, bf16, bf16-guarded, mixed")),
     ({"precision": "bf16", "build_cpu": "x", "build_cpu_precision": "bf16"},
-     ("build_cpu_precision", "'bf16' is not a precision bf16 falls back to (bf16-long, mixed, fp32)")),
+     ("build_cpu_precision", "'bf16' is not a precision bf16 falls back to (bf16-guarded, mixed, fp32)")),
     ({"build_cpu": "x", "build_cpu_precision": "fp32"},
      ("build_cpu_precision", "'fp32' is not a precision fp32 falls back to (none)")),
     ({"precision": "bf16", "build_cpu_precision": "mixed"},
      ("build_cpu_precision", "given without build_cpu, the CPU the build's check fell back to it on")),
-    ({"precision": "bf16-long", "build_cpu": "x", "build_cpu_precision": "fp32"}, None)])
+    ({"precision": "bf16-guarded", "build_cpu": "x", "build_cpu_precision": "fp32"}, None)])
 def test_precision_parameters_are_refused_with_reason_when_no_session_can_open_at_them(sessions, packed_ir, params,
                                                                                        problem):
     openvino = sessions["openvino"]
@@ -418,16 +455,16 @@ def test_precision_parameters_are_refused_with_reason_when_no_session_can_open_a
 
 def test_openvino_session_answers_stay_as_given_when_later_calls_of_other_lengths_reuse_its_requests(packed_ir,
                                                                                                     sessions):
-    """A split session reads the first half's hidden state in place, from the request that computed it; what a call
+    """A split or guarded session reads hidden states in place, from the request that computed them; what a call
     returns must still be the caller's own after the same requests ran other pack lengths."""
     source, ir = packed_ir
-    session = sessions["openvino"].open_session(str(ir["fp16"]), {"precision": "bf16-long", "max_pack_tokens": "256"})
-    groups = export_text_encoder.packs(tokens(source, SENTENCES[:24] + ["Thank you!", "ok", "a b c"]), 8,
-                                       session.short_tokens, session.short_pack_tokens)
+    session = sessions["openvino"].open_session(str(ir["fp16"]), {"precision": "bf16-guarded",
+                                                                  "max_pack_tokens": "256"})
+    groups = export_text_encoder.packs(tokens(source, SENTENCES[:24] + ["Thank you!", "ok", "a b c"]), 8)
     assert len({feeds["input_ids"].shape[1] for feeds, _, _ in groups}) > 2
-    answers = [session(feeds, min(lengths))["EMBEDDING"] for feeds, lengths, _ in groups]
+    answers = [session(feeds, len(lengths))["EMBEDDING"] for feeds, lengths, _ in groups]
     kept = [answer.copy() for answer in answers]
-    again = [session(feeds, min(lengths))["EMBEDDING"] for feeds, lengths, _ in reversed(groups)]
+    again = [session(feeds, len(lengths))["EMBEDDING"] for feeds, lengths, _ in reversed(groups)]
     for answer, copy, later in zip(answers, kept, reversed(again), strict=True):
         np.testing.assert_array_equal(answer, copy)  # not overwritten by the calls after it
         np.testing.assert_array_equal(later, answer)  # whatever ran before it
@@ -653,7 +690,7 @@ def test_portable_openvino_runner_gets_framework_and_precision_when_built(tmp_pa
     assert "1/openvino_session.py" in folder.files
 
 
-@pytest.mark.parametrize("serves", ["bf16", "bf16-long", "fp32"])
+@pytest.mark.parametrize("serves", ["bf16", "bf16-guarded", "fp32"])
 def test_portable_runner_names_the_build_cpu_and_its_fall_back_only_where_the_build_check_fell_back(
         model_folders, artifact_cache, monkeypatch, serves):
     """The build's check stands in (its real runs are tested above): what it wrote decides bert's portable encoder's

@@ -335,52 +335,35 @@ def test_packed_runner_warms_every_pack_length_in_the_background_when_loaded(tmp
     assert sorted(session.calls) == [16, 32, 48, 64]  # every multiple of 16 up to the budget, once
 
 
-def test_pack_groups_packs_short_rows_apart_within_their_own_budget_when_asked():
-    lengths = [20, 5, 30, 8, 16, 17, 3]
-    groups = _packing_module().pack_groups(lengths, max_tokens=256, short_tokens=16, short_max_tokens=16)
-    assert groups == [[1, 3], [4], [6], [0, 2, 5]]  # ≤ 16 tokens first, in packs of ≤ 16; the longer ones together
+class GuardedSlotEchoSession(SlotEchoSession):
+    """A SlotEchoSession that, like OpenVINO's bf16-guarded session, is told how many of each pack's segments are
+    sentences, and records (the pack's segments, that count, how many of its segments hold real ids)."""
 
-
-class RoutedSlotEchoSession(SlotEchoSession):
-    """A SlotEchoSession that, like OpenVINO's bf16-long session, runs calls of short sentences apart: it is told
-    each call's shortest sentence, and records (pack length, shortest, the sentences' lengths)."""
-
-    short_tokens, short_pack_tokens = 16, 32
+    guarded = True
 
     def __init__(self, slots: int, parallel: int):
         super().__init__(slots, parallel)
-        self.routed = []
+        self.told = []
 
-    def __call__(self, feeds, shortest=0):
+    def __call__(self, feeds, sentences=0):
         segments, ids = feeds["segment_ids"][0], feeds["input_ids"][0]
-        real = [int((segments == s).sum()) for s in np.unique(segments[ids > 0])]  # the padding's ids are 0
-        self.routed.append((feeds["input_ids"].shape[1], shortest, real))
+        self.told.append((int(segments.max()) + 1, sentences, len(np.unique(segments[ids > 0]))))  # padding: id 0
         return super().__call__(feeds)
 
-    def map(self, calls, shortest=None):
+    def map(self, calls, sentences=None):
         self.maps.append(len(calls))
-        return [self(feeds, n) for feeds, n in zip(calls, shortest, strict=True)]
+        return [self(feeds, n) for feeds, n in zip(calls, sentences, strict=True)]
 
 
 @pytest.mark.parametrize("parallel", [1, 2])
-def test_packed_runner_never_packs_short_and_long_sentences_together_when_the_session_runs_them_apart(parallel):
+def test_packed_runner_tells_a_guarded_session_how_many_of_each_packs_segments_are_sentences(parallel):
     items = _requests(np.random.default_rng(5), [1, 4, 2, 1, 6, 3], width=40)
-    plain, routed = SlotEchoSession(64, parallel), RoutedSlotEchoSession(64, parallel)
+    plain, guarded = SlotEchoSession(64, parallel), GuardedSlotEchoSession(64, parallel)
     expected = _pooling_runner(plain, 256, 64)._run(items)
-    got = _pooling_runner(routed, 256, 64)._run(items)
+    got = _pooling_runner(guarded, 256, 64)._run(items)
     for e, g in zip(expected, got, strict=True):
         np.testing.assert_array_equal(e["EMBEDDING"], g["EMBEDDING"])  # every row its own answer, in order
-    assert len(plain.calls) < len(routed.routed)  # one class per pack costs more calls than mixing them
-    for length, shortest, real in routed.routed:
-        assert shortest == min(real)  # the session is told the shortest sentence of each call
-        short = [n <= 16 for n in real]
-        assert all(short) or not any(short)
-        assert not all(short) or length <= 32  # short sentences within their own, smaller budget
-
-
-def test_packed_runner_warms_each_routes_pack_lengths_when_the_session_runs_short_sentences_apart(tmp_path):
-    session = RoutedSlotEchoSession(4, parallel=1)
-    _loaded_and_warmed(session, tmp_path, {"max_pack_tokens": "64"})
-    # short sentences' packs up to their budget, then the packs a sentence of more than 16 tokens can fill
-    assert [(length, shortest) for length, shortest, _ in session.routed] == [(16, 1), (32, 1), (32, 32), (48, 48),
-                                                                              (64, 64)]
+    assert len(plain.calls) == len(guarded.told)  # the same packs: guarding changes no packing
+    assert any(segments > sentences for segments, sentences, _ in guarded.told)  # a pack with padding of its own
+    for segments, sentences, real in guarded.told:
+        assert sentences == real and segments in (sentences, sentences + 1)

@@ -1,24 +1,25 @@
-"""Run an ONNX file or an OpenVINO IR with OpenVINO on the CPU (`precision` bf16, fp32, `mixed` or `bf16-long`).
+"""Run an ONNX file or an OpenVINO IR with OpenVINO on the CPU (`precision` bf16, fp32, `mixed` or `bf16-guarded`).
 
 `mixed` splits a transformer after its middle layer: the first half computes bf16, the rest f32, as two compiled
 models chained per call. Where a CPU's bf16 misses the embedding floor on short texts, that holds it with a margin
 at 1.2-1.3x the speed of f32 (an AVX512_BF16 EPYC with plainly rounded fp16 weights: 0.999888 in bf16, 0.999965
-mixed; docs/performance.md, eighteenth round). bf16 misses it on short texts only: `bf16-long` runs calls whose
-sentences all have more than SHORT_TOKENS tokens in bf16 (the first half, then a bf16 compile of the second) and the
-others as `mixed`; the caller says which (`shortest`) and packs short sentences apart (`short_tokens`,
-`short_pack_tokens`). A session names the precision to reopen at when its embeddings miss the floor (`fallback`):
-bf16 → bf16-long → mixed → fp32, which the runner's load-time check (through `reopened`) and the build's check follow.
+mixed; docs/performance.md, eighteenth round). bf16 misses it only on short sentences whose token states nearly
+cancel in their mean (`cancelling_sentences`): `bf16-guarded` runs every call in bf16 and those sentences' second
+half again in f32, from the bf16 middle state (a packed, pooled export; the caller says how many of a pack's
+segments are sentences). A session names the precision to reopen at when its embeddings miss the floor
+(`fallback`): bf16 → bf16-guarded → mixed → fp32, which the runner's load-time check (through `reopened`) and the
+build's check follow.
 Where the build's check fell back on a CPU of the same signature (`cpu_signature`: the same model, ISA and OpenVINO),
 the build names that CPU and precision (`build_cpu`, `build_cpu_precision`) and the session opens there directly
 (`starting_precision`): the attempts that missed on that CPU are not compiled again at every load.
 
-One compiled model (two chained, for `mixed`; a third, for `bf16-long`) serves the whole process, with every CPU this
-process may run on (`os.sched_getaffinity`, fewer where its cgroup's CPU quota is smaller: `cpu_quota`; `threads` > 0
-takes fewer): one OpenVINO stream (and infer request) per CPUS_PER_STREAM CPUs, at most MAX_STREAMS, the threads
-shared out among them. `map` runs several inputs at once, one per idle request, so a runner that hands it a batch as
-several packs keeps every stream busy from one process. The weights are held once,
-where one process per core held them once per process (docs/performance.md: on 2 CPUs one stream of 2 threads used
-6 % less CPU per sentence than two single-threaded processes, and 13 % less than two streams, at less than half the
+One compiled model (two chained, for `mixed`; a second half beside it, for `bf16-guarded`) serves the whole process,
+with every CPU this process may run on (`os.sched_getaffinity`, fewer where its cgroup's CPU quota is smaller:
+`cpu_quota`; `threads` > 0 takes fewer): one OpenVINO stream (and infer request) per CPUS_PER_STREAM CPUs, at most
+MAX_STREAMS, the threads shared out among them. `map` runs several inputs at once, one per idle request, so a runner
+that hands it a batch as several packs keeps every stream busy from one process. The weights are held once, where
+one process per core held them once per process (docs/performance.md: on 2 CPUs one stream of 2 threads used 6 %
+less CPU per sentence than two single-threaded processes, and 13 % less than two streams, at less than half the
 memory), and in 16 bits where the file stores them so (`keep_weights_16bit`). The process maps an IR's weights file
 itself (`WeightsFile`), so that once every input shape has run (`warmed`) it can hand back the pages of the matrix
 weights, which the plugin then holds in layouts of its own, and once the model is idle (`unmap_file_pages`) the
@@ -46,18 +47,21 @@ from resident_memory import mapping_kb
 os.environ.setdefault("TBB_ENABLE_SANITIZERS", "1")
 OPENVINO_PRECISION = {"fp32": "f32", "bf16": "bf16"}
 MIXED = "mixed"  # bf16 up to the middle layer, f32 after
-BF16_LONG = "bf16-long"  # bf16 for calls of long sentences only, MIXED for the others
-# bf16 keeps the floor from 17 tokens on (an AVX512_BF16 EPYC: min cosine 0.99996 on held-out sentences of 17-256
-# tokens, 0.99992 on shorter ones and 0.99989 on 1-4 words; docs/performance.md, twentieth round)
-SHORT_TOKENS = 16
-# Packs of short sentences stay this short: the f32 second half then keeps state for 4 pack lengths, not 16
-# (+3.5 MB per loaded model for the bf16 second half, not +28; docs/performance.md, twenty-first round)
-SHORT_PACK_TOKENS = 64
+GUARDED = "bf16-guarded"  # bf16, the second half again in f32 for cancelling short sentences
+# Where bf16 misses the floor, it misses it on sentences of a few tokens whose final token states nearly cancel in
+# their mean: |mean of the states| / mean |state| ("Thank you!" 0.43, short texts' median 0.70; sentences of 17
+# tokens or more keep the floor whatever theirs). On the AMX Xeon family 6 model 167, 10,430 held-out short texts
+# and the bench's held-out mix: 4.9 % of the short ones below GUARD_RATIO, every text below 0.9999 among them, min
+# cosine 0.999935 of the others (docs/performance.md, seventieth round).
+GUARD_TOKENS = 16
+GUARD_RATIO = 0.60
+# Guarded sentences run again in packs of exactly this many tokens: one more input shape for the f32 second half
+GUARD_PACK_TOKENS = 64
 # A session below the embedding floor is reopened at the next precision: (its name, what it computes)
-FALLBACK = {"bf16": (BF16_LONG, f"bf16 for sentences of more than {SHORT_TOKENS} tokens, for shorter ones bf16 up "
-                                f"to the middle layer and fp32 after"),
-            BF16_LONG: (MIXED, "bf16 up to the middle layer and fp32 after"), MIXED: ("fp32", "fp32")}
-PRECISIONS = (*OPENVINO_PRECISION, BF16_LONG, MIXED)
+FALLBACK = {"bf16": (GUARDED, f"bf16, and the second half again in fp32 for sentences of at most {GUARD_TOKENS} "
+                              f"tokens whose token states nearly cancel"),
+            GUARDED: (MIXED, "bf16 up to the middle layer and fp32 after"), MIXED: ("fp32", "fp32")}
+PRECISIONS = (*OPENVINO_PRECISION, GUARDED, MIXED)
 # The CPU flags OpenVINO's CPU plugin picks its kernels (and so its bf16 and fp16 rounding) by
 SIGNATURE_FLAGS = re.compile(r"(avx|amx|fma|f16c|sse4)\w*")
 HIDDEN = "hidden_state"  # what a split model's first half hands to its second
@@ -245,6 +249,66 @@ def split_in_the_middle(core, path: str, weights: WeightsFile | None = None):
     return first, second
 
 
+def with_guard_outputs(core, path: str, weights: WeightsFile | None = None):
+    """The model at `path` with two more outputs after its own: the hidden state at the middle cut (what the second
+    half of `split_in_the_middle` reads as HIDDEN) and the final token states (the last LayerNorm's output, which the
+    pooling averages). None when it has no middle cut."""
+    model = _read(core, path, weights)
+    ends = _layer_norm_ends(model)
+    cut = _middle_cut(model, ends)
+    if cut is None:
+        return None
+    model.add_outputs([_node(model, cut).output(0), _node(model, ends[-1]).output(0)])
+    return model
+
+
+def cancelling_sentences(states: np.ndarray, segments: np.ndarray, sentences: int = 0) -> np.ndarray:
+    """Indices of a pack's sentences of at most GUARD_TOKENS tokens whose final token `states` ([tokens, hidden])
+    nearly cancel in their mean (|their sum| < GUARD_RATIO × the sum of their norms). `segments`: each token's
+    sentence, in order (packing.packed_inputs); `sentences` > 0: only the first that many are sentences (the rest
+    is padding)."""
+    lengths = np.bincount(segments)
+    if sentences:
+        lengths = lengths[:sentences]
+    end = int(lengths.sum())
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    sums = np.add.reduceat(states[:end], starts, axis=0, dtype=np.float64)
+    norm_sums = np.add.reduceat(np.linalg.norm(states[:end], axis=1), starts, dtype=np.float64)
+    return np.flatnonzero((lengths <= GUARD_TOKENS) & (np.linalg.norm(sums, axis=1) < GUARD_RATIO * norm_sums))
+
+
+def guard_pack(middle: np.ndarray, inputs: dict[str, np.ndarray], chosen: list[int], names: list[str]) -> dict:
+    """The second half's inputs (`names`) for the `chosen` sentences of a pack alone, from its middle hidden state
+    ([1, tokens, hidden]) and its packed `inputs`, padded to GUARD_PACK_TOKENS tokens as a segment of its own."""
+    lengths = np.bincount(inputs["segment_ids"][0])
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    taken = np.concatenate([np.arange(starts[k], starts[k] + lengths[k]) for k in chosen])
+    pad = GUARD_PACK_TOKENS - taken.size
+    kept = [int(lengths[k]) for k in chosen] + [pad]
+    feeds = {"segment_ids": np.repeat(np.arange(len(kept), dtype=np.int64), kept)[None],
+             "position_ids": np.concatenate([np.arange(n, dtype=np.int64) for n in kept])[None]}
+    for name in names:
+        if name not in feeds:
+            source = middle if name == HIDDEN else inputs[name]
+            padding = np.zeros((1, pad) + source.shape[2:], dtype=source.dtype)
+            feeds[name] = np.concatenate([source[:, taken], padding], axis=1)
+    return {name: feeds[name] for name in names}
+
+
+def _guard_groups(chosen: np.ndarray, lengths: np.ndarray, rows: int) -> list[list[int]]:
+    """`chosen` sentences in groups of at most GUARD_PACK_TOKENS tokens and `rows` sentences."""
+    groups: list[list[int]] = []
+    total = 0
+    for k in chosen:
+        if groups and total + lengths[k] <= GUARD_PACK_TOKENS and len(groups[-1]) < rows:
+            groups[-1].append(int(k))
+            total += lengths[k]
+        else:
+            groups.append([int(k)])
+            total = lengths[k]
+    return groups
+
+
 def _read(core, path: str, weights: WeightsFile | None):
     return core.read_model(path) if weights is None else core.read_model(Path(path).read_text(), weights.tensor())
 
@@ -260,10 +324,9 @@ def _keep_f16_weights_16bit(model) -> None:
         keep_weights_16bit(model)
 
 
-def _middle_cut(model) -> str | None:
-    """The friendly name of the LayerNorm output (MVN, then its scale and shift) for split_in_the_middle."""
-    matmuls = {op.get_friendly_name() for op in model.get_ops() if op.get_type_name() == "MatMul"}
-    best = None
+def _layer_norm_ends(model) -> list[str]:
+    """Friendly names of the LayerNorms' outputs (MVN, then its scale and shift), in order."""
+    ends = []
     for op in model.get_ordered_ops():
         if op.get_type_name() != "MVN":
             continue
@@ -273,7 +336,16 @@ def _middle_cut(model) -> str | None:
             if len(readers) != 1 or readers[0].get_type_name() != kind:
                 break
             end = readers[0]
-        name = end.get_friendly_name()
+        ends.append(end.get_friendly_name())
+    return ends
+
+
+def _middle_cut(model, ends: list[str] | None = None) -> str | None:
+    """The friendly name of the LayerNorm output (`_layer_norm_ends`) for split_in_the_middle."""
+    matmuls = {op.get_friendly_name() for op in model.get_ops() if op.get_type_name() == "MatMul"}
+    best = None
+    for name in _layer_norm_ends(model) if ends is None else ends:
+        end = _node(model, name)
         first = _upstream([end]) & matmuls
         second = _upstream(model.get_results(), stop=name) & matmuls
         if not first or not second or first & second:  # a half with nothing to do, or work done twice
@@ -306,11 +378,10 @@ def _node(model, name: str):
 class OpenVinoSession:
     """`session(inputs)` runs one call; `session.map([inputs, ...])` runs them `parallel` at a time, each on an
     idle infer request from a thread of its own (OpenVINO releases the GIL while it infers; an error comes back to
-    the caller, where one in AsyncInferQueue's callback aborted the process). `shortest`: the fewest real tokens of
-    any sentence in a call, for a session that runs short sentences apart (`short_tokens` > 0; 0: not known)."""
+    the caller, where one in AsyncInferQueue's callback aborted the process). `sentences`: how many of a packed
+    call's segments are sentences, for a session that guards them (`guarded`; 0: every segment)."""
 
-    short_tokens = 0  # > 0: calls whose sentences all have more tokens than this take the fast route
-    short_pack_tokens = 0  # the most tokens a call of shorter sentences should hold
+    guarded = False  # bf16-guarded: cancelling short sentences run their second half again in f32
 
     def __init__(self, path: str, params: dict[str, str]):
         import openvino as ov
@@ -328,76 +399,99 @@ class OpenVinoSession:
         self._path, self._params = path, params
         self._weights = WeightsFile(str(Path(path).with_suffix(".bin"))) if path.endswith(".xml") else None
         precision, self.chosen_by_build = starting_precision(params)
-        # only a packing runner packs short sentences apart (packing.pack_groups): without it bf16-long is mixed
+        # the guard reads a packing runner's sentences (segment_ids) and their pooled rows: without them it is mixed
         self._packing = int(params.get("max_pack_tokens", "0")) > 0
-        if precision == BF16_LONG and not self._packing:
+        if precision == GUARDED and not self._packing:
             precision = MIXED
         # bf16 is one whole compile: where it holds the floor it runs 3-4 % faster per call than the split's two bf16
         # halves and holds 10-26 MB less; where it misses, its fall-back opens the split (docs/performance.md,
         # forty-ninth round; the thirty-fourth opened the split from the start, when bf16 missed the floor here).
-        split = _native_bf16(core) and precision in (MIXED, BF16_LONG)
+        split = _native_bf16(core) and precision in (MIXED, GUARDED)
         halves = split_in_the_middle(core, path, self._weights) if split else None
-        if halves:
+        guarded = with_guard_outputs(core, path, self._weights) if halves and precision == GUARDED else None
+        if guarded is not None and guarded.output(0).get_partial_shape().rank.get_length() != 2:
+            guarded = None  # token outputs, not a pooled export's sentence rows: nothing to put a guarded row back in
+        if guarded is not None:
+            stages = [(guarded, "bf16"), (halves[1], "f32")]
+        elif halves:
             stages = list(zip(halves, ("bf16", "f32")))
-            if precision == BF16_LONG:  # the same second half compiled again (OpenVINO compiles a copy)
-                stages.append((halves[1], "bf16"))
-        else:  # mixed or bf16-long without native bf16, or without a cut, is f32 throughout
-            hint = "f32" if precision in (MIXED, BF16_LONG) else OPENVINO_PRECISION[precision]
+        else:  # mixed or bf16-guarded without native bf16, or without a cut, is f32 throughout
+            hint = "f32" if precision in (MIXED, GUARDED) else OPENVINO_PRECISION[precision]
             stages = [(read_model(core, path, hint, self._weights), hint)]
-        self._matrix_weights = [span for model, _ in stages[:2] for span in self._weights.matrix_weights(model)] \
+        self._matrix_weights = sorted({span for model, _ in stages for span in self._weights.matrix_weights(model)}) \
             if self._weights else []
         compiled = [core.compile_model(model, "CPU", {**config, "INFERENCE_PRECISION_HINT": hint})
                     for model, hint in stages]
         self._stage_computes = [c.get_property("INFERENCE_PRECISION_HINT").get_type_name() for c in compiled]
+        self.guarded = guarded is not None
         self._serve(precision)
         self.parallel, self.threads = streams, threads
         self._idle = queue.SimpleQueue()
-        for _ in range(streams):
-            self._idle.put([c.create_infer_request() for c in compiled])
-        self._threads = ThreadPoolExecutor(streams, thread_name_prefix="openvino") if streams > 1 else None
         self._stage_inputs = [[port.get_any_name() for port in c.inputs] for c in compiled]
+        # the first stage's own outputs: a guarded model's two added ones (middle and final states) come after them
+        own = len(compiled[0].outputs) - 2 if self.guarded else len(compiled[0].outputs)
         self._outputs = [[(port.get_any_name(), port) for port in c.outputs] for c in compiled]
+        self._outputs[0], self._guard_states = self._outputs[0][:own], [port for _, port in self._outputs[0][own:]]
+        for _ in range(streams):
+            requests = [c.create_infer_request() for c in compiled]
+            if self.guarded:  # its one input shape, so that no request waits for its first run
+                requests[1].infer({port.get_any_name(): np.zeros([1, GUARD_PACK_TOKENS] + [
+                    d.get_length() for d in port.get_partial_shape()[2:]], port.get_element_type().to_dtype())
+                    for port in compiled[1].inputs})
+            self._idle.put(requests)
+        self._threads = ThreadPoolExecutor(streams, thread_name_prefix="openvino") if streams > 1 else None
         self._called = False
 
     def _serve(self, precision: str) -> None:
-        """Route calls as `precision` runs them through the compiled stages: `_routes` holds the precise route (short
-        sentences, or every call) and, for bf16-long, the fast one (calls of long sentences)."""
-        if len(self._stage_computes) == 1:
-            self._routes = [[0]]
-        elif precision == BF16_LONG:
-            self._routes = [[0, 1], [0, 2]]
-            self.short_tokens, self.short_pack_tokens = SHORT_TOKENS, SHORT_PACK_TOKENS
-        else:  # mixed
-            self._routes = [[0, 1]]
+        """What `precision` computes through the compiled stages: `_route`, the stages every call runs."""
+        self._route = [0] if len(self._stage_computes) == 1 or self.guarded else [0, 1]
         # bf16 or f32 here; bf16+f32 for a split model
-        self.computes = "+".join(dict.fromkeys(self._stage_computes[i] for i in self._routes[0]))
-        if self.short_tokens:
-            self.computes = f"bf16, {self.computes} up to {self.short_tokens} tokens"
+        self.computes = "+".join(dict.fromkeys(self._stage_computes[i] for i in self._route))
+        if self.guarded:
+            self.computes = f"bf16, cancelling sentences of up to {GUARD_TOKENS} tokens bf16+f32"
         self.fallback = FALLBACK.get(precision) if self.computes != "f32" else None  # nothing more to give up
-        if self.fallback and self.fallback[0] == BF16_LONG and not self._packing:
-            self.fallback = FALLBACK[BF16_LONG]
+        if self.fallback and self.fallback[0] == GUARDED and not self._packing:
+            self.fallback = FALLBACK[GUARDED]
 
     def reopened(self, precision: str) -> OpenVinoSession:
         """This session's model opened at `precision` (its `fallback`)."""
         params = {k: v for k, v in self._params.items() if k != "build_cpu_precision"}
         return OpenVinoSession(self._path, {**params, "precision": precision})
 
-    def __call__(self, inputs: dict[str, np.ndarray], shortest: int = 0) -> dict[str, np.ndarray]:
-        route = self._routes[-1] if self.short_tokens and shortest > self.short_tokens else self._routes[0]
+    def __call__(self, inputs: dict[str, np.ndarray], sentences: int = 0) -> dict[str, np.ndarray]:
         requests = self._idle.get()
         try:
+            if self.guarded:
+                return self._guarded_call(requests, inputs, sentences)
             hidden = None
-            for position, stage in enumerate(route):
+            for position, stage in enumerate(self._route):
                 # A first half's one output is the next half's HIDDEN, read in place while this call holds the
                 # requests; the last stage's outputs are copied out, as the requests serve other calls once idle.
                 result = requests[stage].infer({n: hidden if n == HIDDEN else inputs[n]
                                                 for n in self._stage_inputs[stage]},
-                                               share_inputs=True, share_outputs=position < len(route) - 1)
+                                               share_inputs=True, share_outputs=position < len(self._route) - 1)
                 hidden = next(iter(result.values()))
+            return {name: result[port] for name, port in self._outputs[self._route[-1]]}
         finally:
             self._idle.put(requests)
-        self._called = True
-        return {name: result[port] for name, port in self._outputs[route[-1]]}
+            self._called = True
+
+    def _guarded_call(self, requests, inputs: dict[str, np.ndarray], sentences: int) -> dict[str, np.ndarray]:
+        """The whole model in bf16; the rows of its cancelling sentences replaced by the second half's in f32, run
+        from the bf16 middle state (read in place while this call holds the requests)."""
+        result = requests[0].infer({n: inputs[n] for n in self._stage_inputs[0]}, share_inputs=True,
+                                   share_outputs=True)
+        rows = {name: np.array(result[port]) for name, port in self._outputs[0]}
+        middle, final = (result[port] for port in self._guard_states)
+        chosen = cancelling_sentences(final[0], inputs["segment_ids"][0], sentences)
+        if chosen.size:
+            lengths = np.bincount(inputs["segment_ids"][0])
+            slots = min(len(values) for values in rows.values())
+            for group in _guard_groups(chosen, lengths, slots):
+                again = requests[1].infer(guard_pack(middle, inputs, group, self._stage_inputs[1]), share_inputs=True)
+                for name, port in self._outputs[1]:
+                    rows[name][group] = again[port][:len(group)]
+        return rows
 
     def warmed(self) -> int:
         """Called once every input shape the runner sends has run on every infer request: the file pages of the
@@ -412,15 +506,16 @@ class OpenVinoSession:
         if self._weights:
             self._weights.unmap()
 
-    def map(self, calls: list[dict[str, np.ndarray]], shortest: list[int] | None = None) -> list[dict[str, np.ndarray]]:
-        shortest = shortest or [0] * len(calls)
+    def map(self, calls: list[dict[str, np.ndarray]],
+            sentences: list[int] | None = None) -> list[dict[str, np.ndarray]]:
+        sentences = sentences or [0] * len(calls)
         if self._threads is None or len(calls) < 2:
-            return [self(inputs, n) for inputs, n in zip(calls, shortest)]
+            return [self(inputs, n) for inputs, n in zip(calls, sentences)]
         if not self._called:
             # The first call runs alone: two threads entering OpenVINO's Python bindings for the first time
             # deadlocked on the one-time initialisation of its numpy API (seen with gdb).
-            return [self(calls[0], shortest[0])] + list(self._threads.map(self, calls[1:], shortest[1:]))
-        return list(self._threads.map(self, calls, shortest))
+            return [self(calls[0], sentences[0])] + list(self._threads.map(self, calls[1:], sentences[1:]))
+        return list(self._threads.map(self, calls, sentences))
 
 
 def open_session(path: str, params: dict[str, str]) -> OpenVinoSession:

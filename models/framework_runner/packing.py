@@ -13,25 +13,14 @@ import numpy as np
 PACKED_FEATURES = ("input_ids", "token_type_ids")  # per-token inputs that are concatenated as they are
 
 
-def pack_groups(lengths: list[int], max_tokens: int, max_rows: int = 0, spread: int = 1, short_tokens: int = 0,
-                short_max_tokens: int = 0) -> list[list[int]]:
+def pack_groups(lengths: list[int], max_tokens: int, max_rows: int = 0, spread: int = 1) -> list[list[int]]:
     """Indices of rows, in order, grouped so each group's total length stays ≤ max_tokens (a longer row runs alone)
     and, with `max_rows`, each group has at most that many rows.
 
     Attention inside a pack spans all its tokens (masked across sentences), so its cost grows with the square of
     the pack's length: the budget keeps that small next to the linear layers, which packing makes efficient.
     `spread` > 1 asks for packs of about 1/spread of all tokens each, so that that many infer requests running at
-    once get similar work (a batch that would fill one pack is split rather than run on one core).
-
-    `short_tokens` > 0: rows of at most that many tokens are packed apart from longer ones (first), in groups of at
-    most `short_max_tokens` tokens, for a session that runs short sentences at another precision."""
-    if short_tokens:
-        groups = []
-        for short, budget in ((True, short_max_tokens), (False, max_tokens)):
-            rows = [i for i, n in enumerate(lengths) if (n <= short_tokens) == short]
-            groups += [[rows[k] for k in group]
-                       for group in pack_groups([lengths[i] for i in rows], budget, max_rows, spread)]
-        return groups
+    once get similar work (a batch that would fill one pack is split rather than run on one core)."""
     share = sum(lengths) / spread if spread > 1 else float("inf")
     groups: list[list[int]] = []
     total = 0

@@ -132,9 +132,9 @@ class FrameworkRunnerModel:
         """Embed the build's reference texts and compare with the embeddings the build computed with PyTorch. The CPU
         picks the precision (bf16 where it has native bf16, which the build's CPU may not have had): a session whose
         reduced precision falls below the floor here is reopened at the precision it names (`session.fallback`: bf16
-        for long sentences only, bf16 up to the middle layer, then fp32); one that does not reach it in fp32 refuses
-        to load, as its artifact is not what the build checked. A session the build's check on this CPU opened at a
-        fall-back (`chosen_by_build`) is checked the same way."""
+        with cancelling short sentences guarded, bf16 up to the middle layer, then fp32); one that does not reach it
+        in fp32 refuses to load, as its artifact is not what the build checked. A session the build's check on this
+        CPU opened at a fall-back (`chosen_by_build`) is checked the same way."""
         if getattr(self.session, "chosen_by_build", False):
             self._log("info", f"opened at {params['build_cpu_precision']}: the build's check fell back to it on this "
                               f"CPU")
@@ -269,39 +269,27 @@ class FrameworkRunnerModel:
                         results[i][name][r] = values[j]
         return results
 
-    def _pack_shapes(self) -> list[tuple[int, int]]:
-        """(pack length, its shortest sentence) of every pack the runner can send: multiples of PACK_MULTIPLE up to
-        max_pack_tokens, and for a session that runs short sentences apart, their packs up to its
-        `short_pack_tokens` and the others' from the first length a longer sentence fills."""
-        lengths = range(PACK_MULTIPLE, self.max_pack_tokens + 1, PACK_MULTIPLE)
-        short, short_pack = self._short_sentences()
-        if not short:
-            return [(length, length) for length in lengths]
-        return [(length, 1) for length in lengths if length <= short_pack] + \
-            [(length, length) for length in lengths if length > short]
+    def _pack_shapes(self) -> list[int]:
+        """The length of every pack the runner can send: multiples of PACK_MULTIPLE up to max_pack_tokens."""
+        return list(range(PACK_MULTIPLE, self.max_pack_tokens + 1, PACK_MULTIPLE))
 
-    def _short_sentences(self) -> tuple[int, int]:
-        """(tokens, pack tokens): the session runs sentences of at most that many tokens apart, in packs of at most
-        that many tokens; (0, 0) where it runs every sentence alike."""
-        return getattr(self.session, "short_tokens", 0), getattr(self.session, "short_pack_tokens", 0)
-
-    def _warm(self, shapes: list[tuple[int, int]]) -> bool:
+    def _warm(self, shapes: list[int]) -> bool:
         """Run each pack shape the runner can send (`_pack_shapes`) once, on every stream; True when all ran. A
         runtime keeps state per input shape: warmed, memory is at its steady state seconds after load and no
         request waits for a shape's first run. Started in the background by initialize (warming all 16 shapes at
         load added seconds to a cold start); requests share the session with it meanwhile."""
-        for length, shortest in shapes:
+        for length in shapes:
             if self._stop_warming.is_set():
                 return False
             row = {n: np.zeros(length, dtype=np.int64) for n in PACKED_FEATURES if n in self.input_names}
             try:
-                self._run_all([packed_inputs([row], PACK_MULTIPLE)] * self._parallel(), [shortest] * self._parallel())
+                self._run_all([packed_inputs([row], PACK_MULTIPLE)] * self._parallel(), [1] * self._parallel())
             except Exception as e:  # noqa: BLE001 - not fatal: a request of that shape reports its own error
                 self._log("warn", f"warming pack length {length} failed: {e}")
                 return False
         return True
 
-    def _warm_then_settle(self, shapes: list[tuple[int, int]]):
+    def _warm_then_settle(self, shapes: list[int]):
         """Warm the remaining shapes; once every shape has run, what the process holds for nothing goes back to
         the kernel: the file pages of weights the session now holds in layouts of its own (`warmed`: OpenVINO's),
         the heap memory that opening, checking and warming freed (`return_freed_heap`), then the library pages
@@ -321,14 +309,14 @@ class FrameworkRunnerModel:
     def _parallel(self) -> int:
         return getattr(self.session, "parallel", 1)
 
-    def _run_all(self, feeds: list[dict], shortest: list[int]) -> list[dict]:
-        """Every call's outputs, in order (`shortest`: each call's fewest real tokens in a sentence, for a session that
-        runs short sentences apart); a session that runs several at once gets them all together."""
-        if not self._short_sentences()[0]:
+    def _run_all(self, feeds: list[dict], sentences: list[int]) -> list[dict]:
+        """Every call's outputs, in order (`sentences`: how many of each pack's segments are sentences, for a session
+        that guards them); a session that runs several at once gets them all together."""
+        if not getattr(self.session, "guarded", False):
             return self.session.map(feeds) if self._parallel() > 1 else [self.session(f) for f in feeds]
         if self._parallel() > 1:
-            return self.session.map(feeds, shortest)
-        return [self.session(f, n) for f, n in zip(feeds, shortest)]
+            return self.session.map(feeds, sentences)
+        return [self.session(f, n) for f, n in zip(feeds, sentences)]
 
     def _run_packed(self, items):
         """Run the rows of all requests as packs of ≤ max_pack_tokens real tokens (no padding) and put every row
@@ -337,12 +325,10 @@ class FrameworkRunnerModel:
         rows = [(i, r, max(int(mask.sum()), 1)) for i, item in enumerate(items) for r, mask in enumerate(item[MASK])]
         results = [{} for _ in items]
         packs = [[rows[k] for k in group] for group in pack_groups(
-            [length for _, _, length in rows], self.max_pack_tokens, self.max_pack_rows, self._parallel(),
-            *self._short_sentences())]
+            [length for _, _, length in rows], self.max_pack_tokens, self.max_pack_rows, self._parallel())]
         all_feeds = [packed_inputs([{n: items[i][n][r, :length] for n in PACKED_FEATURES if n in items[i]}
                                     for i, r, length in members], PACK_MULTIPLE) for members in packs]
-        shortest = [min(length for _, _, length in members) for members in packs]
-        for members, outputs in zip(packs, self._run_all(all_feeds, shortest)):
+        for members, outputs in zip(packs, self._run_all(all_feeds, [len(members) for members in packs])):
             for name in self.output_names:
                 values, trimmed = np.asarray(outputs[name]), name in self.trimmed_outputs
                 per_row = unpacked(values, [m[2] for m in members]) if trimmed else values
