@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 from cpu_quota import cpu_fields, cpu_limit
+from packing import pack_groups
 from resident_memory import mapping_kb
 
 # OpenVINO's oneTBB opens its hwloc binding with RTLD_DEEPBIND, so under another malloc preloaded into the process
@@ -295,20 +296,6 @@ def guard_pack(middle: np.ndarray, inputs: dict[str, np.ndarray], chosen: list[i
     return {name: feeds[name] for name in names}
 
 
-def _guard_groups(chosen: np.ndarray, lengths: np.ndarray, rows: int) -> list[list[int]]:
-    """`chosen` sentences in groups of at most GUARD_PACK_TOKENS tokens and `rows` sentences."""
-    groups: list[list[int]] = []
-    total = 0
-    for k in chosen:
-        if groups and total + lengths[k] <= GUARD_PACK_TOKENS and len(groups[-1]) < rows:
-            groups[-1].append(int(k))
-            total += lengths[k]
-        else:
-            groups.append([int(k)])
-            total = lengths[k]
-    return groups
-
-
 def _read(core, path: str, weights: WeightsFile | None):
     return core.read_model(path) if weights is None else core.read_model(Path(path).read_text(), weights.tensor())
 
@@ -462,19 +449,24 @@ class OpenVinoSession:
         requests = self._idle.get()
         try:
             if self.guarded:
-                return self._guarded_call(requests, inputs, sentences)
-            hidden = None
-            for position, stage in enumerate(self._route):
-                # A first half's one output is the next half's HIDDEN, read in place while this call holds the
-                # requests; the last stage's outputs are copied out, as the requests serve other calls once idle.
-                result = requests[stage].infer({n: hidden if n == HIDDEN else inputs[n]
-                                                for n in self._stage_inputs[stage]},
-                                               share_inputs=True, share_outputs=position < len(self._route) - 1)
-                hidden = next(iter(result.values()))
-            return {name: result[port] for name, port in self._outputs[self._route[-1]]}
+                outputs = self._guarded_call(requests, inputs, sentences)
+            else:
+                outputs = self._routed_call(requests, inputs)
         finally:
             self._idle.put(requests)
-            self._called = True
+        self._called = True
+        return outputs
+
+    def _routed_call(self, requests, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The stages of `_route` chained, each reading the one before's output."""
+        hidden = None
+        for position, stage in enumerate(self._route):
+            # A first half's one output is the next half's HIDDEN, read in place while this call holds the
+            # requests; the last stage's outputs are copied out, as the requests serve other calls once idle.
+            result = requests[stage].infer({n: hidden if n == HIDDEN else inputs[n] for n in self._stage_inputs[stage]},
+                                           share_inputs=True, share_outputs=position < len(self._route) - 1)
+            hidden = next(iter(result.values()))
+        return {name: result[port] for name, port in self._outputs[self._route[-1]]}
 
     def _guarded_call(self, requests, inputs: dict[str, np.ndarray], sentences: int) -> dict[str, np.ndarray]:
         """The whole model in bf16; the rows of its cancelling sentences replaced by the second half's in f32, run
@@ -485,9 +477,10 @@ class OpenVinoSession:
         middle, final = (result[port] for port in self._guard_states)
         chosen = cancelling_sentences(final[0], inputs["segment_ids"][0], sentences)
         if chosen.size:
-            lengths = np.bincount(inputs["segment_ids"][0])
+            lengths = np.bincount(inputs["segment_ids"][0])[chosen]
             slots = min(len(values) for values in rows.values())
-            for group in _guard_groups(chosen, lengths, slots):
+            for members in pack_groups(lengths.tolist(), GUARD_PACK_TOKENS, slots):
+                group = chosen[members].tolist()
                 again = requests[1].infer(guard_pack(middle, inputs, group, self._stage_inputs[1]), share_inputs=True)
                 for name, port in self._outputs[1]:
                     rows[name][group] = again[port][:len(group)]
