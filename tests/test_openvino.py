@@ -343,22 +343,26 @@ def test_cancelling_sentences_are_the_short_ones_whose_token_states_nearly_cance
     assert openvino.cancelling_sentences(states[:8], segments[:8]).tolist() == [1]
 
 
-def test_guard_pack_holds_the_chosen_sentences_alone_padded_to_one_length(sessions):
+def test_guard_pack_holds_the_chosen_sentences_alone_padded_to_the_first_length_they_fit(sessions):
     openvino = sessions["openvino"]
-    segments = np.repeat(np.arange(4), [3, 5, 2, 6])[None]
-    inputs = {"segment_ids": segments, "input_ids": np.arange(16)[None] + 100,
-              "position_ids": np.concatenate([np.arange(n) for n in (3, 5, 2, 6)])[None]}
-    middle = np.arange(16 * 2, dtype=np.float32).reshape(1, 16, 2)
+    assert openvino.GUARD_PACK_TOKENS == (16, 64)
+    segments = np.repeat(np.arange(5), [3, 5, 2, 6, 9])[None]
+    inputs = {"segment_ids": segments, "input_ids": np.arange(25)[None] + 100,
+              "position_ids": np.concatenate([np.arange(n) for n in (3, 5, 2, 6, 9)])[None]}
+    middle = np.arange(25 * 2, dtype=np.float32).reshape(1, 25, 2)
     names = ["hidden_state", "segment_ids", "position_ids", "input_ids"]
     feeds = openvino.guard_pack(middle, inputs, [1, 3], names)
-    tokens = openvino.GUARD_PACK_TOKENS
-    assert list(feeds) == names and all(a.shape[:2] == (1, tokens) for a in feeds.values())
+    assert list(feeds) == names and all(a.shape[:2] == (1, 16) for a in feeds.values())
     taken = list(range(3, 8)) + list(range(10, 16))
     np.testing.assert_array_equal(feeds["hidden_state"][0, :11], middle[0, taken])
     assert not feeds["hidden_state"][0, 11:].any()
     assert feeds["input_ids"][0, :11].tolist() == [100 + t for t in taken] and not feeds["input_ids"][0, 11:].any()
-    assert feeds["segment_ids"][0].tolist() == [0] * 5 + [1] * 6 + [2] * (tokens - 11)
-    assert feeds["position_ids"][0].tolist() == list(range(5)) + list(range(6)) + list(range(tokens - 11))
+    assert feeds["segment_ids"][0].tolist() == [0] * 5 + [1] * 6 + [2] * 5
+    assert feeds["position_ids"][0].tolist() == list(range(5)) + list(range(6)) + list(range(5))
+    longer = openvino.guard_pack(middle, inputs, [3, 4], names)  # 6 + 9 tokens: still the first length
+    assert longer["segment_ids"].shape == (1, 16) and longer["segment_ids"][0].tolist() == [0] * 6 + [1] * 9 + [2]
+    over = openvino.guard_pack(middle, inputs, [1, 3, 4], names)  # 20 tokens: the next length
+    assert over["hidden_state"].shape == (1, 64, 2) and over["segment_ids"][0, 20:].tolist() == [3] * 44
 
 
 def test_packing_bf16_session_is_one_whole_compile_and_falls_back_to_the_split_where_bf16_misses(packed_ir, sessions,

@@ -56,8 +56,10 @@ GUARDED = "bf16-guarded"  # bf16, the second half again in f32 for cancelling sh
 # cosine 0.999935 of the others (docs/performance.md, seventieth round).
 GUARD_TOKENS = 16
 GUARD_RATIO = 0.60
-# Guarded sentences run again in packs of exactly this many tokens: one more input shape for the f32 second half
-GUARD_PACK_TOKENS = 64
+# Guarded sentences run again in packs of the first of these lengths they fit: two more input shapes for the f32
+# second half, and a lone short sentence pays for 16 tokens, not 64 (AMX Xeon family 6 model 167: 1.35 against
+# 2.98 ms; docs/performance.md, seventieth round)
+GUARD_PACK_TOKENS = (16, 64)
 # A session below the embedding floor is reopened at the next precision: (its name, what it computes)
 FALLBACK = {"bf16": (GUARDED, f"bf16, and the second half again in fp32 for sentences of at most {GUARD_TOKENS} "
                               f"tokens whose token states nearly cancel"),
@@ -271,6 +273,8 @@ def cancelling_sentences(states: np.ndarray, segments: np.ndarray, sentences: in
     lengths = np.bincount(segments)
     if sentences:
         lengths = lengths[:sentences]
+    if not (lengths <= GUARD_TOKENS).any():
+        return np.empty(0, dtype=np.int64)
     end = int(lengths.sum())
     starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
     sums = np.add.reduceat(states[:end], starts, axis=0, dtype=np.float64)
@@ -280,11 +284,12 @@ def cancelling_sentences(states: np.ndarray, segments: np.ndarray, sentences: in
 
 def guard_pack(middle: np.ndarray, inputs: dict[str, np.ndarray], chosen: list[int], names: list[str]) -> dict:
     """The second half's inputs (`names`) for the `chosen` sentences of a pack alone, from its middle hidden state
-    ([1, tokens, hidden]) and its packed `inputs`, padded to GUARD_PACK_TOKENS tokens as a segment of its own."""
+    ([1, tokens, hidden]) and its packed `inputs`, padded to the first of GUARD_PACK_TOKENS they fit as a segment of
+    its own."""
     lengths = np.bincount(inputs["segment_ids"][0])
     starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
     taken = np.concatenate([np.arange(starts[k], starts[k] + lengths[k]) for k in chosen])
-    pad = GUARD_PACK_TOKENS - taken.size
+    pad = next(n for n in GUARD_PACK_TOKENS if n >= taken.size) - taken.size
     kept = [int(lengths[k]) for k in chosen] + [pad]
     feeds = {"segment_ids": np.repeat(np.arange(len(kept), dtype=np.int64), kept)[None],
              "position_ids": np.concatenate([np.arange(n, dtype=np.int64) for n in kept])[None]}
@@ -421,8 +426,8 @@ class OpenVinoSession:
         self._outputs[0], self._guard_states = self._outputs[0][:own], [port for _, port in self._outputs[0][own:]]
         for _ in range(streams):
             requests = [c.create_infer_request() for c in compiled]
-            if self.guarded:  # its one input shape, so that no request waits for its first run
-                requests[1].infer({port.get_any_name(): np.zeros([1, GUARD_PACK_TOKENS] + [
+            for tokens in GUARD_PACK_TOKENS if self.guarded else ():  # no request waits for a shape's first run
+                requests[1].infer({port.get_any_name(): np.zeros([1, tokens] + [
                     d.get_length() for d in port.get_partial_shape()[2:]], port.get_element_type().to_dtype())
                     for port in compiled[1].inputs})
             self._idle.put(requests)
@@ -479,7 +484,7 @@ class OpenVinoSession:
         if chosen.size:
             lengths = np.bincount(inputs["segment_ids"][0])[chosen]
             slots = min(len(values) for values in rows.values())
-            for members in pack_groups(lengths.tolist(), GUARD_PACK_TOKENS, slots):
+            for members in pack_groups(lengths.tolist(), GUARD_PACK_TOKENS[-1], slots):
                 group = chosen[members].tolist()
                 again = requests[1].infer(guard_pack(middle, inputs, group, self._stage_inputs[1]), share_inputs=True)
                 for name, port in self._outputs[1]:
