@@ -16,7 +16,7 @@ import pytest
 from tests.fake_pb_utils import InferenceRequest, Logger, Tensor, TritonError
 from tests.model_folders import config_json, link_files
 from tests.reliability.soak import EMBEDDING_ATOL
-from tests.texts import assert_embeddings_match
+from tests.texts import GUARDED, assert_embeddings_match
 from tritonpack.build.export_text_encoder import CHECK_TEXTS
 from tritonpack.components import ModelFolder
 
@@ -439,9 +439,6 @@ def test_encoder_runner_refuses_to_load_when_its_artifact_is_not_what_the_refere
                                            r"reach min cosine 0\.\d+ < 0\.9999 \(f32 on this CPU\): model\.xml is not "
                                            r"the artifact the build checked; rebuild"):
         python_model(tampered)
-
-
-GUARDED = "bf16, cancelling sentences of up to 16 tokens bf16+f32"  # what a bf16-guarded session computes
 
 
 @pytest.mark.parametrize("drifting", [("bf16",), ("bf16", "bf16-guarded"), ("bf16", "bf16-guarded", "mixed")])

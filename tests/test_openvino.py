@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tritonpack.build.export_text_encoder as export_text_encoder
-from tests.texts import SENTENCES, assert_embeddings_match, cosines
+from tests.texts import GUARDED, SENTENCES, assert_embeddings_match, cosines
 from tritonpack.assembly.text import encoder_artifact
 from tritonpack.build.text_source import SentenceTransformerSource
 from tritonpack.components import SHARED_DIR, Artifact, StepSettings, framework_model, load_model_module
@@ -83,7 +83,6 @@ def test_build_check_runs_bf16_when_the_cpu_has_it(encoder, capsys, tmp_path):
     assert "openvino bf16 (bf16)" in out and (bf16 >= 0.9999 or "so the encoder serves" in out)
 
 
-GUARDED = "bf16, cancelling sentences of up to 16 tokens bf16+f32"  # a bf16-guarded session, on a CPU with native bf16
 
 
 @pytest.mark.parametrize("stand_ins, ran, served", [
@@ -336,11 +335,14 @@ def test_cancelling_sentences_are_the_short_ones_whose_token_states_nearly_cance
 
     states = np.concatenate([sentence(4, 0.1), sentence(4, 10.0), sentence(40, 10.0), sentence(16, 10.0),
                              sentence(5, 10.0)]).astype(np.float32)
-    segments = np.repeat(np.arange(5), [4, 4, 40, 16, 5])
+    inputs = {"segment_ids": np.repeat(np.arange(5), [4, 4, 40, 16, 5])[None]}
     # the long one cancels as much but is not short; the last segment is padding where the caller says so
-    assert openvino.cancelling_sentences(states, segments).tolist() == [1, 3, 4]
-    assert openvino.cancelling_sentences(states, segments, sentences=4).tolist() == [1, 3]
-    assert openvino.cancelling_sentences(states[:8], segments[:8]).tolist() == [1]
+    assert openvino.sentence_lengths(inputs).tolist() == [4, 4, 40, 16, 5]
+    assert openvino.sentence_lengths(inputs, sentences=4).tolist() == [4, 4, 40, 16]
+    assert openvino.cancelling_sentences(states, openvino.sentence_lengths(inputs)).tolist() == [1, 3, 4]
+    assert openvino.cancelling_sentences(states, openvino.sentence_lengths(inputs, 4)).tolist() == [1, 3]
+    assert openvino.cancelling_sentences(states[:8], np.array([4, 4])).tolist() == [1]
+    assert openvino.cancelling_sentences(states[:44], np.array([4, 40])).tolist() == []  # none short enough to cancel
 
 
 def test_guard_pack_holds_the_chosen_sentences_alone_padded_to_the_first_length_they_fit(sessions):
@@ -351,7 +353,8 @@ def test_guard_pack_holds_the_chosen_sentences_alone_padded_to_the_first_length_
               "position_ids": np.concatenate([np.arange(n) for n in (3, 5, 2, 6, 9)])[None]}
     middle = np.arange(25 * 2, dtype=np.float32).reshape(1, 25, 2)
     names = ["hidden_state", "segment_ids", "position_ids", "input_ids"]
-    feeds = openvino.guard_pack(middle, inputs, [1, 3], names)
+    lengths = openvino.sentence_lengths(inputs)
+    feeds = openvino.guard_pack(middle, inputs, lengths, [1, 3], names)
     assert list(feeds) == names and all(a.shape[:2] == (1, 16) for a in feeds.values())
     taken = list(range(3, 8)) + list(range(10, 16))
     np.testing.assert_array_equal(feeds["hidden_state"][0, :11], middle[0, taken])
@@ -359,9 +362,9 @@ def test_guard_pack_holds_the_chosen_sentences_alone_padded_to_the_first_length_
     assert feeds["input_ids"][0, :11].tolist() == [100 + t for t in taken] and not feeds["input_ids"][0, 11:].any()
     assert feeds["segment_ids"][0].tolist() == [0] * 5 + [1] * 6 + [2] * 5
     assert feeds["position_ids"][0].tolist() == list(range(5)) + list(range(6)) + list(range(5))
-    longer = openvino.guard_pack(middle, inputs, [3, 4], names)  # 6 + 9 tokens: still the first length
+    longer = openvino.guard_pack(middle, inputs, lengths, [3, 4], names)  # 6 + 9 tokens: still the first length
     assert longer["segment_ids"].shape == (1, 16) and longer["segment_ids"][0].tolist() == [0] * 6 + [1] * 9 + [2]
-    over = openvino.guard_pack(middle, inputs, [1, 3, 4], names)  # 20 tokens: the next length
+    over = openvino.guard_pack(middle, inputs, lengths, [1, 3, 4], names)  # 20 tokens: the next length
     assert over["hidden_state"].shape == (1, 64, 2) and over["segment_ids"][0, 20:].tolist() == [3] * 44
 
 

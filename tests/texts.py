@@ -4,6 +4,7 @@ served embeddings are compared with the reference."""
 import numpy as np
 
 MIN_COSINE = 0.9999
+GUARDED = "bf16, cancelling sentences of up to 16 tokens bf16+f32"  # what a bf16-guarded session says it computes
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

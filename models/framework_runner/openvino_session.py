@@ -230,7 +230,6 @@ def split_in_the_middle(core, path: str, weights: WeightsFile | None = None):
     output is that hidden state, the second half reads it as HIDDEN besides whichever inputs it still needs (the
     attention mask is recomputed from them). None when no LayerNorm is such a cut."""
     import openvino as ov
-    import openvino.opset13 as ops
 
     model = _read(core, path, weights)
     cut = _middle_cut(model)
@@ -239,7 +238,31 @@ def split_in_the_middle(core, path: str, weights: WeightsFile | None = None):
     end = _node(model, cut)
     reads = _upstream([end])
     first = ov.Model([end.output(0)], [p for p in model.get_parameters() if p.get_friendly_name() in reads], "first")
+    return first, _second_half(_read(core, path, weights), cut)
+
+
+def guarded_pair(core, path: str, weights: WeightsFile | None = None):
+    """(the whole model, the second half of `split_in_the_middle`) for a guarded session: the whole model with two
+    more outputs after its own, the hidden state at the middle cut (what the second half reads as HIDDEN) and the
+    final token states (the last LayerNorm's output, which the pooling averages). None when it has no middle cut,
+    or when its first output is not a pooled export's sentence rows (no row to put a guarded one back in)."""
     model = _read(core, path, weights)
+    if model.output(0).get_partial_shape().rank.get_length() != 2:
+        return None
+    ends = _layer_norm_ends(model)
+    cut = _middle_cut(model, ends)
+    if cut is None:
+        return None
+    model.add_outputs([_node(model, cut).output(0), _node(model, ends[-1]).output(0)])
+    return model, _second_half(_read(core, path, weights), cut)
+
+
+def _second_half(model, cut: str):
+    """`model` from the LayerNorm output named `cut` on, reading that hidden state as HIDDEN (in f32, its 16-bit
+    weights kept so)."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
     end = _node(model, cut)
     hidden = ops.parameter(end.get_output_partial_shape(0), end.get_output_element_type(0), name=HIDDEN)
     hidden.output(0).get_tensor().set_names({HIDDEN})
@@ -249,30 +272,20 @@ def split_in_the_middle(core, path: str, weights: WeightsFile | None = None):
     second = ov.Model(model.get_results(),
                       [hidden] + [p for p in model.get_parameters() if p.get_friendly_name() in reads], "second")
     _keep_f16_weights_16bit(second)
-    return first, second
+    return second
 
 
-def with_guard_outputs(core, path: str, weights: WeightsFile | None = None):
-    """The model at `path` with two more outputs after its own: the hidden state at the middle cut (what the second
-    half of `split_in_the_middle` reads as HIDDEN) and the final token states (the last LayerNorm's output, which the
-    pooling averages). None when it has no middle cut."""
-    model = _read(core, path, weights)
-    ends = _layer_norm_ends(model)
-    cut = _middle_cut(model, ends)
-    if cut is None:
-        return None
-    model.add_outputs([_node(model, cut).output(0), _node(model, ends[-1]).output(0)])
-    return model
+def sentence_lengths(inputs: dict[str, np.ndarray], sentences: int = 0) -> np.ndarray:
+    """The token count of each sentence of a packed call, in order; `sentences` > 0: only the first that many
+    segments are sentences (the rest is padding)."""
+    lengths = np.bincount(inputs["segment_ids"][0])
+    return lengths[:sentences] if sentences else lengths
 
 
-def cancelling_sentences(states: np.ndarray, segments: np.ndarray, sentences: int = 0) -> np.ndarray:
+def cancelling_sentences(states: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Indices of a pack's sentences of at most GUARD_TOKENS tokens whose final token `states` ([tokens, hidden])
-    nearly cancel in their mean (|their sum| < GUARD_RATIO × the sum of their norms). `segments`: each token's
-    sentence, in order (packing.packed_inputs); `sentences` > 0: only the first that many are sentences (the rest
-    is padding)."""
-    lengths = np.bincount(segments)
-    if sentences:
-        lengths = lengths[:sentences]
+    nearly cancel in their mean (|their sum| < GUARD_RATIO × the sum of their norms); `lengths`: the sentences'
+    token counts (`sentence_lengths`)."""
     if not (lengths <= GUARD_TOKENS).any():
         return np.empty(0, dtype=np.int64)
     end = int(lengths.sum())
@@ -282,11 +295,11 @@ def cancelling_sentences(states: np.ndarray, segments: np.ndarray, sentences: in
     return np.flatnonzero((lengths <= GUARD_TOKENS) & (np.linalg.norm(sums, axis=1) < GUARD_RATIO * norm_sums))
 
 
-def guard_pack(middle: np.ndarray, inputs: dict[str, np.ndarray], chosen: list[int], names: list[str]) -> dict:
+def guard_pack(middle: np.ndarray, inputs: dict[str, np.ndarray], lengths: np.ndarray, chosen: list[int],
+               names: list[str]) -> dict:
     """The second half's inputs (`names`) for the `chosen` sentences of a pack alone, from its middle hidden state
-    ([1, tokens, hidden]) and its packed `inputs`, padded to the first of GUARD_PACK_TOKENS they fit as a segment of
-    its own."""
-    lengths = np.bincount(inputs["segment_ids"][0])
+    ([1, tokens, hidden]), its packed `inputs` and its sentences' `lengths`, padded to the first of
+    GUARD_PACK_TOKENS they fit as a segment of its own."""
     starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
     taken = np.concatenate([np.arange(starts[k], starts[k] + lengths[k]) for k in chosen])
     pad = next(n for n in GUARD_PACK_TOKENS if n >= taken.size) - taken.size
@@ -399,14 +412,12 @@ class OpenVinoSession:
         # halves and holds 10-26 MB less; where it misses, its fall-back opens the split (docs/performance.md,
         # forty-ninth round; the thirty-fourth opened the split from the start, when bf16 missed the floor here).
         split = _native_bf16(core) and precision in (MIXED, GUARDED)
-        halves = split_in_the_middle(core, path, self._weights) if split else None
-        guarded = with_guard_outputs(core, path, self._weights) if halves and precision == GUARDED else None
-        if guarded is not None and guarded.output(0).get_partial_shape().rank.get_length() != 2:
-            guarded = None  # token outputs, not a pooled export's sentence rows: nothing to put a guarded row back in
-        if guarded is not None:
-            stages = [(guarded, "bf16"), (halves[1], "f32")]
-        elif halves:
-            stages = list(zip(halves, ("bf16", "f32")))
+        models = guarded_pair(core, path, self._weights) if split and precision == GUARDED else None
+        self.guarded = models is not None
+        if split and not models:
+            models = split_in_the_middle(core, path, self._weights)
+        if models:
+            stages = list(zip(models, ("bf16", "f32")))
         else:  # mixed or bf16-guarded without native bf16, or without a cut, is f32 throughout
             hint = "f32" if precision in (MIXED, GUARDED) else OPENVINO_PRECISION[precision]
             stages = [(read_model(core, path, hint, self._weights), hint)]
@@ -415,7 +426,6 @@ class OpenVinoSession:
         compiled = [core.compile_model(model, "CPU", {**config, "INFERENCE_PRECISION_HINT": hint})
                     for model, hint in stages]
         self._stage_computes = [c.get_property("INFERENCE_PRECISION_HINT").get_type_name() for c in compiled]
-        self.guarded = guarded is not None
         self._serve(precision)
         self.parallel, self.threads = streams, threads
         self._idle = queue.SimpleQueue()
@@ -480,13 +490,14 @@ class OpenVinoSession:
                                    share_outputs=True)
         rows = {name: np.array(result[port]) for name, port in self._outputs[0]}
         middle, final = (result[port] for port in self._guard_states)
-        chosen = cancelling_sentences(final[0], inputs["segment_ids"][0], sentences)
+        lengths = sentence_lengths(inputs, sentences)
+        chosen = cancelling_sentences(final[0], lengths)
         if chosen.size:
-            lengths = np.bincount(inputs["segment_ids"][0])[chosen]
             slots = min(len(values) for values in rows.values())
-            for members in pack_groups(lengths.tolist(), GUARD_PACK_TOKENS[-1], slots):
+            for members in pack_groups(lengths[chosen].tolist(), GUARD_PACK_TOKENS[-1], slots):
                 group = chosen[members].tolist()
-                again = requests[1].infer(guard_pack(middle, inputs, group, self._stage_inputs[1]), share_inputs=True)
+                again = requests[1].infer(guard_pack(middle, inputs, lengths, group, self._stage_inputs[1]),
+                                          share_inputs=True)
                 for name, port in self._outputs[1]:
                     rows[name][group] = again[port][:len(group)]
         return rows
