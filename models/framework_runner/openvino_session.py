@@ -8,7 +8,8 @@ cancel in their mean (`cancelling_sentences`): `bf16-guarded` runs every call in
 half again in f32, from the bf16 middle state (a packed, pooled export; the caller says how many of a pack's
 segments are sentences). A session names the precision to reopen at when its embeddings miss the floor
 (`fallback`): bf16 → bf16-guarded → mixed → fp32, which the runner's load-time check (through `reopened`) and the
-build's check follow.
+build's check follow. A packing runner's bf16 compile carries the guard's outputs from the start, so its fall-back
+to bf16-guarded keeps that compile and adds only the f32 second half.
 Where the build's check fell back on a CPU of the same signature (`cpu_signature`: the same model, ISA and OpenVINO),
 the build names that CPU and precision (`build_cpu`, `build_cpu_precision`) and the session opens there directly
 (`starting_precision`): the attempts that missed on that CPU are not compiled again at every load.
@@ -408,41 +409,64 @@ class OpenVinoSession:
         self._packing = int(params.get("max_pack_tokens", "0")) > 0
         if precision == GUARDED and not self._packing:
             precision = MIXED
+        native = _native_bf16(core)
         # bf16 is one whole compile: where it holds the floor it runs 3-4 % faster per call than the split's two bf16
-        # halves and holds 10-26 MB less; where it misses, its fall-back opens the split (docs/performance.md,
-        # forty-ninth round; the thirty-fourth opened the split from the start, when bf16 missed the floor here).
-        split = _native_bf16(core) and precision in (MIXED, GUARDED)
-        models = guarded_pair(core, path, self._weights) if split and precision == GUARDED else None
-        self.guarded = models is not None
-        if split and not models:
-            models = split_in_the_middle(core, path, self._weights)
-        if models:
-            stages = list(zip(models, ("bf16", "f32")))
+        # halves and holds 10-26 MB less (docs/performance.md, forty-ninth round). For a packing runner it carries the
+        # guard's outputs, which cost nothing measurable (seventieth), so where it misses the floor its fall-back,
+        # bf16-guarded, compiles only the f32 second half beside it (`reopened`).
+        pair = guarded_pair(core, path, self._weights) if native and self._packing and precision in ("bf16", GUARDED) \
+            else None
+        halves = split_in_the_middle(core, path, self._weights) if native and precision in (MIXED, GUARDED) \
+            and not pair else None
+        if pair:
+            stages = [(pair[0], "bf16")]
+        elif halves:
+            stages = list(zip(halves, ("bf16", "f32")))
         else:  # mixed or bf16-guarded without native bf16, or without a cut, is f32 throughout
             hint = "f32" if precision in (MIXED, GUARDED) else OPENVINO_PRECISION[precision]
             stages = [(read_model(core, path, hint, self._weights), hint)]
-        self._matrix_weights = sorted({span for model, _ in stages for span in self._weights.matrix_weights(model)}) \
-            if self._weights else []
-        compiled = [core.compile_model(model, "CPU", {**config, "INFERENCE_PRECISION_HINT": hint})
-                    for model, hint in stages]
-        self._stage_computes = [c.get_property("INFERENCE_PRECISION_HINT").get_type_name() for c in compiled]
-        self._serve(precision)
+        self._core, self._config = core, config
+        self._matrix_weights: set[tuple[int, int]] = set()
+        self._stage_computes, self._stage_inputs, self._outputs = [], [], []
+        compiled = [self._compiled(model, hint) for model, hint in stages]
+        # the whole model's own outputs: the guard's two (middle and final states) come after them
+        own = len(compiled[0].outputs) - (2 if pair else 0)
+        self._outputs[0], self._guard_states = self._outputs[0][:own], [port for _, port in self._outputs[0][own:]]
         self.parallel, self.threads = streams, threads
         self._idle = queue.SimpleQueue()
-        self._stage_inputs = [[port.get_any_name() for port in c.inputs] for c in compiled]
-        # the first stage's own outputs: a guarded model's two added ones (middle and final states) come after them
-        own = len(compiled[0].outputs) - 2 if self.guarded else len(compiled[0].outputs)
-        self._outputs = [[(port.get_any_name(), port) for port in c.outputs] for c in compiled]
-        self._outputs[0], self._guard_states = self._outputs[0][:own], [port for _, port in self._outputs[0][own:]]
         for _ in range(streams):
-            requests = [c.create_infer_request() for c in compiled]
-            for tokens in GUARD_PACK_TOKENS if self.guarded else ():  # no request waits for a shape's first run
-                requests[1].infer({port.get_any_name(): np.zeros([1, tokens] + [
-                    d.get_length() for d in port.get_partial_shape()[2:]], port.get_element_type().to_dtype())
-                    for port in compiled[1].inputs})
-            self._idle.put(requests)
+            self._idle.put([c.create_infer_request() for c in compiled])
+        self._second_half = pair[1] if pair else None  # compiled once the session guards
+        if precision == GUARDED and pair:
+            self._guard()
+        self._serve(precision)
         self._threads = ThreadPoolExecutor(streams, thread_name_prefix="openvino") if streams > 1 else None
         self._called = False
+
+    def _compiled(self, model, hint: str):
+        """`model` compiled at OpenVINO precision `hint`, as the next stage: what it computes, reads and outputs."""
+        compiled = self._core.compile_model(model, "CPU", {**self._config, "INFERENCE_PRECISION_HINT": hint})
+        if self._weights:
+            self._matrix_weights.update(self._weights.matrix_weights(model))
+        self._stage_computes.append(compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name())
+        self._stage_inputs.append([port.get_any_name() for port in compiled.inputs])
+        self._outputs.append([(port.get_any_name(), port) for port in compiled.outputs])
+        return compiled
+
+    def _guard(self) -> None:
+        """From now on cancelling short sentences run the second half again in f32: it is compiled as the second
+        stage and each set of infer requests gets a request for it, run once at every GUARD_PACK_TOKENS length (no
+        call waits for a shape's first run). Called while no call runs (at open, or by the load-time check)."""
+        second = self._compiled(self._second_half, "f32")
+        self._second_half = None
+        for requests in [self._idle.get() for _ in range(self.parallel)]:
+            requests.append(second.create_infer_request())
+            for tokens in GUARD_PACK_TOKENS:
+                requests[1].infer({port.get_any_name(): np.zeros([1, tokens] + [
+                    d.get_length() for d in port.get_partial_shape()[2:]], port.get_element_type().to_dtype())
+                    for port in second.inputs})
+            self._idle.put(requests)
+        self.guarded = True
 
     def _serve(self, precision: str) -> None:
         """What `precision` computes through the compiled stages: `_route`, the stages every call runs."""
@@ -456,7 +480,12 @@ class OpenVinoSession:
             self.fallback = FALLBACK[GUARDED]
 
     def reopened(self, precision: str) -> OpenVinoSession:
-        """This session's model opened at `precision` (its `fallback`)."""
+        """This session's model opened at `precision` (its `fallback`): a bf16 session guards itself, its whole
+        compile kept (the load-time check calls it before any other call runs); otherwise a new session."""
+        if precision == GUARDED and self._second_half is not None:
+            self._guard()
+            self._serve(precision)
+            return self
         params = {k: v for k, v in self._params.items() if k != "build_cpu_precision"}
         return OpenVinoSession(self._path, {**params, "precision": precision})
 
@@ -475,13 +504,13 @@ class OpenVinoSession:
     def _routed_call(self, requests, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The stages of `_route` chained, each reading the one before's output."""
         hidden = None
-        for position, stage in enumerate(self._route):
+        for stage in self._route:
             # A first half's one output is the next half's HIDDEN, read in place while this call holds the
-            # requests; the last stage's outputs are copied out, as the requests serve other calls once idle.
+            # requests; the last stage's own outputs are copied out, as the requests serve other calls once idle.
             result = requests[stage].infer({n: hidden if n == HIDDEN else inputs[n] for n in self._stage_inputs[stage]},
-                                           share_inputs=True, share_outputs=position < len(self._route) - 1)
+                                           share_inputs=True, share_outputs=True)
             hidden = next(iter(result.values()))
-        return {name: result[port] for name, port in self._outputs[self._route[-1]]}
+        return {name: np.array(result[port]) for name, port in self._outputs[self._route[-1]]}
 
     def _guarded_call(self, requests, inputs: dict[str, np.ndarray], sentences: int) -> dict[str, np.ndarray]:
         """The whole model in bf16; the rows of its cancelling sentences replaced by the second half's in f32, run
@@ -504,8 +533,11 @@ class OpenVinoSession:
 
     def warmed(self) -> int:
         """Called once every input shape the runner sends has run on every infer request: the file pages of the
-        matrix weights go back to the kernel (the plugin holds them in its own layouts now); the bytes dropped."""
-        return self._weights.release(self._matrix_weights) if self._weights else 0
+        matrix weights go back to the kernel (the plugin holds them in its own layouts now); the bytes dropped. The
+        load-time check is over by then: a bf16 session that did not fall back lets go of the second half it could
+        have guarded with."""
+        self._second_half = None
+        return self._weights.release(sorted(self._matrix_weights)) if self._weights else 0
 
     def unmap_file_pages(self) -> None:
         """Called once the model is idle (resident_memory.ReleasedWhenIdle): the weights file's pages that calls mapped
