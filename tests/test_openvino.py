@@ -83,8 +83,6 @@ def test_build_check_runs_bf16_when_the_cpu_has_it(encoder, capsys, tmp_path):
     assert "openvino bf16 (bf16)" in out and (bf16 >= 0.9999 or "so the encoder serves" in out)
 
 
-
-
 @pytest.mark.parametrize("stand_ins, ran, served", [
     ({"bf16-guarded": 0.99996}, GUARDED,
      "bf16, and the second half again in fp32 for sentences of at most 16 tokens whose token states nearly cancel"),

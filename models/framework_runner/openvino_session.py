@@ -243,10 +243,11 @@ def split_in_the_middle(core, path: str, weights: WeightsFile | None = None):
 
 
 def guarded_pair(core, path: str, weights: WeightsFile | None = None):
-    """(the whole model, the second half of `split_in_the_middle`) for a guarded session: the whole model with two
-    more outputs after its own, the hidden state at the middle cut (what the second half reads as HIDDEN) and the
-    final token states (the last LayerNorm's output, which the pooling averages). None when it has no middle cut,
-    or when its first output is not a pooled export's sentence rows (no row to put a guarded one back in)."""
+    """(the whole model, the second half of `split_in_the_middle`) for a guarded session, or a bf16 one that may fall
+    back to guarding: the whole model with two more outputs after its own, the hidden state at the middle cut (what
+    the second half reads as HIDDEN) and the final token states (the last LayerNorm's output, which the pooling
+    averages). None when it has no middle cut, or when its first output is not a pooled export's sentence rows (no
+    row to put a guarded one back in)."""
     model = _read(core, path, weights)
     if model.output(0).get_partial_shape().rank.get_length() != 2:
         return None
