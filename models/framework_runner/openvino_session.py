@@ -12,7 +12,7 @@ build's check follow. A packing runner's bf16 compile carries the guard's output
 to bf16-guarded keeps that compile and adds only the f32 second half.
 Where the build's check fell back on a CPU of the same signature (`cpu_signature`: the same model, ISA and OpenVINO),
 the build names that CPU and precision (`build_cpu`, `build_cpu_precision`) and the session opens there directly
-(`starting_precision`): the attempts that missed on that CPU are not compiled again at every load.
+(`starting_precision`): the checks that missed on that CPU do not run again at every load.
 
 One compiled model (two chained, for `mixed`; a second half beside it, for `bf16-guarded`) serves the whole process,
 with every CPU this process may run on (`os.sched_getaffinity`, fewer where its cgroup's CPU quota is smaller:
