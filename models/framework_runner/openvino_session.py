@@ -429,7 +429,7 @@ class OpenVinoSession:
         self._core, self._config = core, config
         self._matrix_weights: set[tuple[int, int]] = set()
         self._stage_computes, self._stage_inputs, self._outputs = [], [], []
-        compiled = [self._compiled(model, hint) for model, hint in stages]
+        compiled = [self._add_stage(model, hint) for model, hint in stages]
         # the whole model's own outputs: the guard's two (middle and final states) come after them
         own = len(compiled[0].outputs) - (2 if pair else 0)
         self._outputs[0], self._guard_states = self._outputs[0][:own], [port for _, port in self._outputs[0][own:]]
@@ -444,7 +444,7 @@ class OpenVinoSession:
         self._threads = ThreadPoolExecutor(streams, thread_name_prefix="openvino") if streams > 1 else None
         self._called = False
 
-    def _compiled(self, model, hint: str):
+    def _add_stage(self, model, hint: str):
         """`model` compiled at OpenVINO precision `hint`, as the next stage: what it computes, reads and outputs."""
         compiled = self._core.compile_model(model, "CPU", {**self._config, "INFERENCE_PRECISION_HINT": hint})
         if self._weights:
@@ -458,7 +458,7 @@ class OpenVinoSession:
         """From now on cancelling short sentences run the second half again in f32: it is compiled as the second
         stage and each set of infer requests gets a request for it, run once at every GUARD_PACK_TOKENS length (no
         call waits for a shape's first run). Called while no call runs (at open, or by the load-time check)."""
-        second = self._compiled(self._second_half, "f32")
+        second = self._add_stage(self._second_half, "f32")
         self._second_half = None
         for requests in [self._idle.get() for _ in range(self.parallel)]:
             requests.append(second.create_infer_request())
@@ -493,44 +493,42 @@ class OpenVinoSession:
     def __call__(self, inputs: dict[str, np.ndarray], sentences: int = 0) -> dict[str, np.ndarray]:
         requests = self._idle.get()
         try:
+            rows, result = self._routed_call(requests, inputs)
             if self.guarded:
-                outputs = self._guarded_call(requests, inputs, sentences)
-            else:
-                outputs = self._routed_call(requests, inputs)
+                self._guard_rows(requests, inputs, sentences, rows, result)
         finally:
             self._idle.put(requests)
         self._called = True
-        return outputs
+        return rows
 
-    def _routed_call(self, requests, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The stages of `_route` chained, each reading the one before's output."""
+    def _routed_call(self, requests, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], object]:
+        """The stages of `_route` chained, each reading the one before's output: (the last stage's own outputs,
+        copied, as the requests serve other calls once idle; its whole result, read in place while this call holds
+        the requests)."""
         hidden = None
         for stage in self._route:
-            # A first half's one output is the next half's HIDDEN, read in place while this call holds the
-            # requests; the last stage's own outputs are copied out, as the requests serve other calls once idle.
+            # a first half's one output is the next half's HIDDEN
             result = requests[stage].infer({n: hidden if n == HIDDEN else inputs[n] for n in self._stage_inputs[stage]},
                                            share_inputs=True, share_outputs=True)
             hidden = next(iter(result.values()))
-        return {name: np.array(result[port]) for name, port in self._outputs[self._route[-1]]}
+        return {name: np.array(result[port]) for name, port in self._outputs[self._route[-1]]}, result
 
-    def _guarded_call(self, requests, inputs: dict[str, np.ndarray], sentences: int) -> dict[str, np.ndarray]:
-        """The whole model in bf16; the rows of its cancelling sentences replaced by the second half's in f32, run
-        from the bf16 middle state (read in place while this call holds the requests)."""
-        result = requests[0].infer({n: inputs[n] for n in self._stage_inputs[0]}, share_inputs=True,
-                                   share_outputs=True)
-        rows = {name: np.array(result[port]) for name, port in self._outputs[0]}
+    def _guard_rows(self, requests, inputs: dict[str, np.ndarray], sentences: int, rows: dict[str, np.ndarray],
+                    result) -> None:
+        """Replace the `rows` of the whole bf16 call's cancelling sentences by the second half's in f32, run from the
+        bf16 middle state in its `result`."""
         middle, final = (result[port] for port in self._guard_states)
         lengths = sentence_lengths(inputs, sentences)
         chosen = cancelling_sentences(final[0], lengths)
-        if chosen.size:
-            slots = min(len(values) for values in rows.values())
-            for members in pack_groups(lengths[chosen].tolist(), GUARD_PACK_TOKENS[-1], slots):
-                group = chosen[members].tolist()
-                again = requests[1].infer(guard_pack(middle, inputs, lengths, group, self._stage_inputs[1]),
-                                          share_inputs=True)
-                for name, port in self._outputs[1]:
-                    rows[name][group] = again[port][:len(group)]
-        return rows
+        if not chosen.size:
+            return
+        slots = min(len(values) for values in rows.values())
+        for members in pack_groups(lengths[chosen].tolist(), GUARD_PACK_TOKENS[-1], slots):
+            group = chosen[members].tolist()
+            again = requests[1].infer(guard_pack(middle, inputs, lengths, group, self._stage_inputs[1]),
+                                      share_inputs=True)
+            for name, port in self._outputs[1]:
+                rows[name][group] = again[port][:len(group)]
 
     def warmed(self) -> int:
         """Called once every input shape the runner sends has run on every infer request: the file pages of the
