@@ -422,9 +422,8 @@ def openvino_check(out_dir: Path, source: SentenceTransformerSource, model: Path
     CPU runs bf16 below MIN_EMBEDDING_COSINE, the served encoder reopens at the precision the session names (bf16 with
     cancelling short sentences guarded, bf16 up to the middle layer, then fp32: it checks itself at load against
     `reference.npz`), so those are checked in turn, packed as the runner packs for them. Writes what this CPU would
-    serve and its smallest cosine to `check.json` and raises when that is below the floor: `serves`, the precision it
-    held at, and `cpu`, this CPU's signature, for a runner on the same CPU to open there directly. Where the CPU has
-    no native bf16, OpenVINO runs fp32 and the check says so."""
+    serve and its smallest cosine to `check.json` (`serves`: the precision it held at) and raises when that is below
+    the floor. Where the CPU has no native bf16, OpenVINO runs fp32 and the check says so."""
     inputs = check_inputs(source)
     reference = mean_pooled(_expected(source, inputs), inputs["attention_mask"], False)
     cosine, ran, fallback = _openvino_cosine(model, precision, inputs, reference, packed)
@@ -444,8 +443,7 @@ def openvino_check(out_dir: Path, source: SentenceTransformerSource, model: Path
         print(f"{head} cosine {', then '.join(f'{c:.6f} ({r})' for r, c in below.items())} < {MIN_EMBEDDING_COSINE} "
               f"on this CPU, so the encoder serves {described} here (min cosine {cosine:.6f}, {ran})")
     (out_dir / "check.json").write_text(json.dumps({"precision": precision, "ran": ran, "weights": stored,
-                                                    "min_cosine": cosine, "below_floor": below, "serves": serving,
-                                                    **_cpu_signature()}))
+                                                    "min_cosine": cosine, "below_floor": below, "serves": serving}))
 
 
 def _openvino_cosine(model: Path, precision: str, inputs: dict[str, np.ndarray], reference: np.ndarray,

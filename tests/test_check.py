@@ -174,11 +174,6 @@ def precision_unknown(root):
     openvino_runner(root, precision="fp8")
 
 
-def build_cpu_precision_not_a_fall_back(root):
-    openvino_runner(root, precision="mixed", build_cpu="GenuineIntel 6/207/2 avx2 openvino 2026.4.1",
-                    build_cpu_precision="bf16")
-
-
 def unread_ensemble_input(root):
     extra = 'input {\n  name: "EXTRA"\n  data_type: TYPE_FP32\n  dims: 1\n}\n'
     rewrite(root / "ens" / "config.pbtxt", "output {", extra + "output {")
@@ -336,8 +331,6 @@ CORPUS = {  # name → (mutation, needs an env in the repository, expected probl
     # what the OpenVINO runner's session refuses at load (models/framework_runner/openvino_session.py)
     "precision_unknown": (precision_unknown, False, Problem(
         "pre/config.pbtxt", "parameters.precision", "'fp8' is not one of fp32, bf16, bf16-guarded, mixed")),
-    "build_cpu_precision_not_a_fall_back": (build_cpu_precision_not_a_fall_back, False, Problem(
-        "pre/config.pbtxt", "parameters.build_cpu_precision", "'bf16' is not a precision mixed falls back to (fp32)")),
     "artifact_changed": (artifact_changed, False, Problem("enc/1/model.onnx", "sha256", "differs from manifest.json "
                                                                                         "(changed after the build)")),
     "manifest_digests_malformed": (manifest_digests_malformed, False, Problem(

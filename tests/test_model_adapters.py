@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -409,24 +408,6 @@ def test_encoder_runner_checks_itself_against_the_build_reference_when_loaded(be
     assert 0.9999 <= cosine <= 1.000001  # fp16 weights, this CPU's precision, against PyTorch in fp32
 
 
-def test_encoder_runner_opens_at_the_build_checks_fall_back_on_the_cpu_it_ran_on_and_checks_it_there(bert,
-                                                                                                     python_model):
-    """The build's check fell back to `mixed` on this CPU: the runner opens there (no compile of whole bf16 to miss
-    the floor again) and checks that session against the reference as any other."""
-    from tritonpack.components import load_model_module
-
-    folder = bert["bert_encoder"]
-    signature = load_model_module("framework_runner", "openvino_session").cpu_signature()
-    params = {**dict(folder.spec.parameters), "build_cpu": signature, "build_cpu_precision": "mixed"}
-    Logger.messages.clear()
-    python_model(ModelFolder(replace(folder.spec, parameters=params), folder.files))
-    opened, checked = [m for level, m in Logger.messages if level == "info"
-                       and m.startswith(("opened at", "reference texts"))]
-    assert opened == "opened at mixed: the build's check fell back to it on this CPU"
-    assert re.fullmatch(r"reference texts: min cosine (0\.9999\d+|1\.0+) to the build's \((bf16\+f32|f32)\)", checked)
-    assert not [m for level, m in Logger.messages if level == "warn"]
-
-
 def test_encoder_runner_refuses_to_load_when_its_artifact_is_not_what_the_reference_was_built_from(
         bert, python_model, tmp_path):
     folder = bert["bert_encoder"]
@@ -452,11 +433,8 @@ def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_dri
 
     runner = load_model_module("framework_runner", "runner_batching")
     openvino = load_model_module("framework_runner", "openvino_session")
-    # from bf16, as on a CPU the build's check did not run on (the test's sessions drift, not the CPU's)
-    params = {k: v for k, v in token_encoder.spec.parameters if not k.startswith("build_cpu")}
-    folder = ModelFolder(replace(token_encoder.spec, parameters=params), token_encoder.files)
-    link_files(folder, tmp_path)
-    with np.load(folder.files["1/reference.npz"]) as data:
+    link_files(token_encoder, tmp_path)
+    with np.load(token_encoder.files["1/reference.npz"]) as data:
         short = int((data["attention_mask"].sum(1) <= runner.SHORT_REFERENCE_TOKENS).sum())
     assert 0 < short < len(CHECK_TEXTS)
     opened, drifted_tokens = [], []
@@ -481,7 +459,8 @@ def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_dri
 
     Logger.messages.clear()
     model = DriftingRunner()
-    model.initialize({"model_config": config_json(folder), "model_repository": str(tmp_path), "model_version": "1"})
+    model.initialize({"model_config": config_json(token_encoder), "model_repository": str(tmp_path),
+                      "model_version": "1"})
     model.finalize()
     assert opened == ["bf16", "bf16-guarded", "mixed", "fp32"][:len(drifting) + 1]
     *warnings, info = [m for level, m in Logger.messages if m.startswith(("bf16", "reference texts"))]

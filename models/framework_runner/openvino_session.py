@@ -10,9 +10,6 @@ segments are sentences). A session names the precision to reopen at when its emb
 (`fallback`): bf16 → bf16-guarded → mixed → fp32, which the runner's load-time check (through `reopened`) and the
 build's check follow. A packing runner's bf16 compile carries the guard's outputs from the start, so its fall-back
 to bf16-guarded keeps that compile and adds only the f32 second half.
-Where the build's check fell back on a CPU of the same signature (`cpu_signature`: the same model, ISA and OpenVINO),
-the build names that CPU and precision (`build_cpu`, `build_cpu_precision`) and the session opens there directly
-(`starting_precision`): the checks that missed on that CPU do not run again at every load.
 
 One compiled model (two chained, for `mixed`; a second half beside it, for `bf16-guarded`) serves the whole process,
 with every CPU this process may run on (`os.sched_getaffinity`, fewer where its cgroup's CPU quota is smaller:
@@ -84,37 +81,12 @@ def cpu_signature() -> str:
             f"{fields.get('stepping', '?')} {','.join(flags)} openvino {ov.get_version()}")
 
 
-def falls_back_to(precision: str) -> list[str]:
-    """The precisions a session at `precision` reopens at in turn while its embeddings miss the floor."""
-    chain = []
-    while precision in FALLBACK:
-        precision = FALLBACK[precision][0]
-        chain.append(precision)
-    return chain
-
-
-def precision_problem(params: dict[str, str]) -> tuple[str, str] | None:
-    """(parameter, what is wrong with it) where the precision parameters name no precision a session can open at."""
-    precision, recorded = params.get("precision", "fp32"), params.get("build_cpu_precision")
+def precision_problem(params: dict[str, str]) -> str | None:
+    """What is wrong with the `precision` parameter, where it names no precision a session can open at."""
+    precision = params.get("precision", "fp32")
     if precision not in PRECISIONS:
-        return "precision", f"{precision!r} is not one of {', '.join(PRECISIONS)}"
-    if recorded is not None and recorded not in falls_back_to(precision):
-        return "build_cpu_precision", (f"{recorded!r} is not a precision {precision} falls back to "
-                                       f"({', '.join(falls_back_to(precision)) or 'none'})")
-    if recorded is not None and not params.get("build_cpu"):
-        return "build_cpu_precision", "given without build_cpu, the CPU the build's check fell back to it on"
+        return f"{precision!r} is not one of {', '.join(PRECISIONS)}"
     return None
-
-
-def starting_precision(params: dict[str, str]) -> tuple[str, bool]:
-    """(the precision a session opens at, whether the build's check chose it): `precision`, or `build_cpu_precision`
-    where this CPU's signature is the `build_cpu` the build's check fell back to it on."""
-    if problem := precision_problem(params):
-        raise ValueError("parameter {}: {}".format(*problem))
-    precision, recorded = params.get("precision", "fp32"), params.get("build_cpu_precision")
-    if recorded is not None and params["build_cpu"] == cpu_signature():
-        return recorded, True
-    return precision, False
 
 
 def stream_layout(cpus: int, threads: int = 0, streams: int = 0) -> tuple[int, int]:
@@ -405,7 +377,9 @@ class OpenVinoSession:
         core = ov.Core()
         self._path, self._params = path, params
         self._weights = WeightsFile(str(Path(path).with_suffix(".bin"))) if path.endswith(".xml") else None
-        precision, self.chosen_by_build = starting_precision(params)
+        if problem := precision_problem(params):
+            raise ValueError(f"parameter precision: {problem}")
+        precision = params.get("precision", "fp32")
         # the guard reads a packing runner's sentences (segment_ids) and their pooled rows: without them it is mixed
         self._packing = int(params.get("max_pack_tokens", "0")) > 0
         if precision == GUARDED and not self._packing:
@@ -487,8 +461,7 @@ class OpenVinoSession:
             self._guard()
             self._serve(precision)
             return self
-        params = {k: v for k, v in self._params.items() if k != "build_cpu_precision"}
-        return OpenVinoSession(self._path, {**params, "precision": precision})
+        return OpenVinoSession(self._path, {**self._params, "precision": precision})
 
     def __call__(self, inputs: dict[str, np.ndarray], sentences: int = 0) -> dict[str, np.ndarray]:
         requests = self._idle.get()

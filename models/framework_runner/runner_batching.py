@@ -133,11 +133,7 @@ class FrameworkRunnerModel:
         picks the precision (bf16 where it has native bf16, which the build's CPU may not have had): a session whose
         reduced precision falls below the floor here is reopened at the precision it names (`session.fallback`: bf16
         with cancelling short sentences guarded, bf16 up to the middle layer, then fp32); one that does not reach it
-        in fp32 refuses to load, as its artifact is not what the build checked. A session the build's check on this
-        CPU opened at a fall-back (`chosen_by_build`) is checked the same way."""
-        if getattr(self.session, "chosen_by_build", False):
-            self._log("info", f"opened at {params['build_cpu_precision']}: the build's check fell back to it on this "
-                              f"CPU")
+        in fp32 refuses to load, as its artifact is not what the build checked."""
         with np.load(reference_path) as data:
             reference = {name: data[name] for name in data.files}
         expected, floor = reference.pop("embedding"), float(reference.pop("min_cosine"))

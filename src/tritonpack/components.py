@@ -124,9 +124,7 @@ class Artifact:
     matrix products in bfloat16 (on CPUs with native bf16, fp32 elsewhere). `packed`: the file takes several
     sentences as one sequence (models/framework_runner/packing.py), which only the portable runner feeds.
     `reference`: inputs and expected outputs the portable runner checks itself against at load (`reference.npz`,
-    build/export_text_encoder.py `encoder_reference`), where the serving CPU picks the precision.
-    `build_cpu_fallback`: (the signature of the CPU the build's precision check ran on, the precision it fell back to
-    there): the portable runner on a CPU of that signature opens at it directly."""
+    build/export_text_encoder.py `encoder_reference`), where the serving CPU picks the precision."""
 
     framework: str
     path: Path | None  # None: only `per_gpu` files
@@ -135,7 +133,6 @@ class Artifact:
     # TensorRT: compute capability ("8.6") → the plan built for that GPU architecture (`cc_model_filenames`)
     per_gpu: Mapping[str, Path] = field(default_factory=dict)
     reference: Path | None = None
-    build_cpu_fallback: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "per_gpu", dict(self.per_gpu))
@@ -232,8 +229,6 @@ def framework_model(name: str, artifact: Artifact, target: str, inputs: tuple[Te
                 params["max_pack_rows"] = str(settings.max_pack_rows)
         if settings.index_rows:
             params["index_rows"] = ",".join(f"{name}:{rows}" for name, rows in settings.index_rows)
-        if artifact.build_cpu_fallback:
-            params["build_cpu"], params["build_cpu_precision"] = artifact.build_cpu_fallback
         if artifact.reference is not None:
             params["reference"] = REFERENCE_FILENAME
             extra = {**extra, f"{VERSION}/{REFERENCE_FILENAME}": artifact.reference}

@@ -4,7 +4,6 @@ when the encoder pools itself. Artifacts come from `build/` through the cache; n
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 from tritonpack import contracts
@@ -112,15 +111,11 @@ def encoder_artifact(fmt: str, target: str, source: SentenceTransformerSource, s
                             f"reads the ONNX export, whose weights are fp32")
         else:
             model, framework = onnx, "openvino"
-        checked = cache.get(openvino_check, source=source, model=model, precision=serving.encoder_precision,
-                            packed=packed)
+        cache.get(openvino_check, source=source, model=model, precision=serving.encoder_precision, packed=packed)
         if target != "portable":
             return Artifact(framework, model, serving.encoder_precision, packed=packed)
-        check = json.loads((checked / "check.json").read_text())
-        # The CPU that serves it picks bf16 or f32, not this one: the runner re-checks its embeddings at load, from
-        # where this check fell back to when that CPU is this one.
-        fell_back = (check["cpu"], check["serves"]) if check["serves"] != serving.encoder_precision else None
-        return Artifact(framework, model, serving.encoder_precision, packed=packed, build_cpu_fallback=fell_back,
+        # The CPU that serves it picks bf16 or f32, not this one: the runner checks its embeddings again at load.
+        return Artifact(framework, model, serving.encoder_precision, packed=packed,
                         reference=cache.get(encoder_reference, source=source) / "reference.npz")
     if packed:
         return Artifact("onnx", onnx, packed=True)

@@ -378,12 +378,12 @@ def _runner_files(cfg) -> dict[str, str]:
 
 
 def _runner_parameter_problems(cfg, config_path: str) -> list[Problem]:
-    """An OpenVINO runner's precision parameters, judged as its session reads them at load."""
+    """An OpenVINO runner's precision parameter, judged as its session reads it at load."""
     params = config_parameters(cfg)
     if params.get("framework") != "openvino":
         return []
     problem = load_model_module("framework_runner", "openvino_session").precision_problem(params)
-    return [Problem(config_path, f"parameters.{problem[0]}", problem[1])] if problem else []
+    return [Problem(config_path, "parameters.precision", problem)] if problem else []
 
 
 def _version_file_problem(tree: Tree, vdir: str, filename: str, where: str, missing: str) -> Problem | None:
