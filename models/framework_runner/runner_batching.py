@@ -107,7 +107,7 @@ class FrameworkRunnerModel:
                                            GPU_FREE_PADDING_TOKENS if getattr(self.session, "on_gpu", False) else 0))
         checked = bool(params.get("reference"))
         if checked:
-            self._check_reference(path, params, os.path.join(folder, params["reference"]))
+            self._check_reference(params, os.path.join(folder, params["reference"]))
         self._stop_warming = threading.Event()
         self.warming = None
         if self.max_pack_tokens:
@@ -128,7 +128,7 @@ class FrameworkRunnerModel:
                 hook()
         return call
 
-    def _check_reference(self, path: str, params: dict[str, str], reference_path: str):
+    def _check_reference(self, params: dict[str, str], reference_path: str):
         """Embed the build's reference texts and compare with the embeddings the build computed with PyTorch. The CPU
         picks the precision (bf16 where it has native bf16, which the build's CPU may not have had): a session whose
         reduced precision falls below the floor here is reopened at the precision it names (`session.fallback`: bf16
