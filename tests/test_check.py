@@ -18,18 +18,19 @@ from tritonpack.archive import ArchiveLimits, Problem
 from tritonpack.check import KnownEnvs, ServerPython, check
 from tritonpack.cli import main
 from tritonpack.containers import container_python
-from tritonpack.repository import sha256_file, write_tarball
+from tritonpack.repository import reproducible_gzip, sha256_file, write_tarball
 from tritonpack.spec import EnsembleStep, ModelSpec, Tensor
 
 
 def fake_env(path: Path, python: str, numpy: str | None = "1.26.4", system_site_packages: bool = False) -> Path:
-    """A packed-env-shaped tarball (venv-pack layout) for `python`, with numpy `numpy` (none when None)."""
+    """A packed-env-shaped tarball (venv-pack layout) for `python`, with numpy `numpy` (none when None). Its bytes
+    depend only on the arguments, as a build's do, so two calls give one environment's bytes."""
     site = f"lib/python{python}/site-packages"
     numpy_files = [(f"{site}/numpy/__init__.py", b""),
                    (f"{site}/numpy-{numpy}.dist-info/METADATA", b"Name: numpy\n")] if numpy else []
     pyvenv = f"home = /usr/bin\ninclude-system-site-packages = {str(system_site_packages).lower()}\n" \
              f"version = {python}.4\n"
-    with tarfile.open(path, "w:gz") as tar:
+    with path.open("wb") as raw, reproducible_gzip(raw, level=6) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
         for name, data in ((f"{site}/probe.py", b"X = 1\n"), ("pyvenv.cfg", pyvenv.encode()), *numpy_files):
             info = tarfile.TarInfo(name)
             info.size = len(data)
