@@ -398,14 +398,63 @@ def test_pooling_model_splits_results_per_request_when_batched(model_folders, py
         np.testing.assert_allclose(np.linalg.norm(t, axis=1), 1.0, rtol=1e-5)
 
 
+def short_reference_texts(encoder: ModelFolder) -> int:
+    """How many of the encoder's reference texts the load-time check counts as short."""
+    from tritonpack.components import load_model_module
+
+    with np.load(encoder.files["1/reference.npz"]) as data:
+        tokens = data["attention_mask"].sum(1)
+    short = int((tokens <= load_model_module("framework_runner", "runner_batching").SHORT_REFERENCE_TOKENS).sum())
+    assert 0 < short < len(CHECK_TEXTS)
+    return short
+
+
 def test_encoder_runner_checks_itself_against_the_build_reference_when_loaded(bert, python_model):
+    """Where the session computes f32 (nothing to fall back to) only the short texts are embedded; a session that can
+    still fall back embeds them all."""
     from tests.fake_pb_utils import Logger
 
     Logger.messages.clear()
     python_model(bert["bert_encoder"])
-    (line,) = [m for level, m in Logger.messages if level == "info" and m.startswith("reference texts")]
-    cosine = float(line.split("min cosine ")[1].split()[0])
-    assert 0.9999 <= cosine <= 1.000001  # fp16 weights, this CPU's precision, against PyTorch in fp32
+    (line,) = [m for level, m in Logger.messages if level == "info" and "reference texts: min cosine" in m]
+    checked, total, cosine, computes = re.fullmatch(r"(\d+) of (\d+) reference texts: min cosine ([\d.]+) to the "
+                                                    r"build's \((.+)\)", line).groups()
+    assert 0.9999 <= float(cosine) <= 1.000001  # fp16 weights, this CPU's precision, against PyTorch in fp32
+    short = short_reference_texts(bert["bert_encoder"])
+    assert (int(checked), int(total)) == (short if computes == "f32" else len(CHECK_TEXTS), len(CHECK_TEXTS))
+
+
+def test_encoder_runner_at_f32_embeds_only_the_short_reference_texts_when_loaded(token_encoder, tmp_path):
+    """An f32 session has no precision to fall back to, so what its check can still find is an artifact that is not
+    the one the build checked on every text; the short texts find that, and the long ones are not computed."""
+    from tests.fake_pb_utils import module
+    from tritonpack.components import load_model_module
+
+    runner = load_model_module("framework_runner", "runner_batching")
+    openvino = load_model_module("framework_runner", "openvino_session")
+    link_files(token_encoder, tmp_path)
+    longest = []
+
+    class CountingRunner(runner.FrameworkRunnerModel):
+        pb_utils = module()
+
+        def open_session(self, path, params):
+            session = openvino.open_session(path, {**params, "precision": "fp32"})
+
+            def counted(inputs, *args):
+                longest.append(int(inputs["position_ids"].max()) + 1)  # a pack's longest sentence
+                return session(inputs, *args)
+            return counted
+
+    Logger.messages.clear()
+    model = CountingRunner()
+    model.initialize({"model_config": config_json(token_encoder), "model_repository": str(tmp_path),
+                      "model_version": "1"})
+    checked = list(longest)
+    model.finalize()
+    assert checked and max(checked) <= runner.SHORT_REFERENCE_TOKENS
+    assert any(re.fullmatch(rf"{short_reference_texts(token_encoder)} of {len(CHECK_TEXTS)} reference texts: min "
+                            r"cosine (0\.9999\d+|1\.0+) to the build's \(f32\)", m) for _, m in Logger.messages)
 
 
 def test_encoder_runner_refuses_to_load_when_its_artifact_is_not_what_the_reference_was_built_from(
@@ -416,9 +465,10 @@ def test_encoder_runner_refuses_to_load_when_its_artifact_is_not_what_the_refere
     reference["embedding"] = np.roll(reference["embedding"], 1, axis=0)  # another model's embeddings, in effect
     np.savez(tmp_path / "reference.npz", **reference)
     tampered = ModelFolder(folder.spec, {**folder.files, "1/reference.npz": tmp_path / "reference.npz"})
-    with pytest.raises(RuntimeError, match=rf"reference\.npz: embeddings of its {len(CHECK_TEXTS)} reference texts "
-                                           r"reach min cosine 0\.\d+ < 0\.9999 \(f32 on this CPU\): model\.xml is not "
-                                           r"the artifact the build checked; rebuild"):
+    with pytest.raises(RuntimeError, match=rf"reference\.npz: embeddings of {short_reference_texts(folder)} of its "
+                                           rf"{len(CHECK_TEXTS)} reference texts reach min cosine -?0\.\d+ < 0\.9999 "
+                                           r"\(f32 on this CPU\): model\.xml is not the artifact the build checked; "
+                                           r"rebuild"):
         python_model(tampered)
 
 
@@ -434,9 +484,7 @@ def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_dri
     runner = load_model_module("framework_runner", "runner_batching")
     openvino = load_model_module("framework_runner", "openvino_session")
     link_files(token_encoder, tmp_path)
-    with np.load(token_encoder.files["1/reference.npz"]) as data:
-        short = int((data["attention_mask"].sum(1) <= runner.SHORT_REFERENCE_TOKENS).sum())
-    assert 0 < short < len(CHECK_TEXTS)
+    short = short_reference_texts(token_encoder)
     opened, drifted_tokens = [], []
 
     class DriftingRunner(runner.FrameworkRunnerModel):
@@ -463,7 +511,7 @@ def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_dri
                       "model_version": "1"})
     model.finalize()
     assert opened == ["bf16", "bf16-guarded", "mixed", "fp32"][:len(drifting) + 1]
-    *warnings, info = [m for level, m in Logger.messages if m.startswith(("bf16", "reference texts"))]
+    *warnings, info = [m for level, m in Logger.messages if m.startswith("bf16") or "reference texts: min" in m]
     fell_back_to = ["bf16, and the second half again in fp32 for sentences of at most 16 tokens whose token states "
                     "nearly cancel", "bf16 up to the middle layer and fp32 after", "fp32"]
     computes = ["bf16", re.escape(GUARDED), r"bf16\+f32"]
@@ -474,7 +522,9 @@ def test_encoder_runner_reopens_at_the_sessions_fall_back_when_its_precision_dri
     assert drifted_tokens and max(drifted_tokens) <= runner.SHORT_REFERENCE_TOKENS
     # what the CPU served where nothing drifted: f32 throughout without native bf16
     served = [rf"({re.escape(GUARDED)}|f32)", r"(bf16\+f32|f32)", "f32"][len(drifting) - 1]
-    assert re.fullmatch(rf"reference texts: min cosine (0\.9999\d+|1\.0+) to the build's \({served}\)", info)
+    checked = short if info.endswith("(f32)") else len(CHECK_TEXTS)  # f32 has nothing to fall back to
+    assert re.fullmatch(rf"{checked} of {len(CHECK_TEXTS)} reference texts: min cosine (0\.9999\d+|1\.0+) to the "
+                        rf"build's \({served}\)", info)
 
 
 FREED_HEAP_PROBE = """

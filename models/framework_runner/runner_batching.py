@@ -34,7 +34,9 @@ MAX_PADDING_WASTE = 0.25  # a group of ragged requests may hold at most this fra
 PACK_MULTIPLE = 16  # packs are padded to a multiple of this many tokens (packing.packed_inputs says why)
 # The load-time check embeds reference texts of up to this many tokens first: where a reduced precision misses the
 # floor, it misses it on short texts (docs/performance.md, eighteenth round), so a session below it there that can
-# fall back does so without computing the long ones, four fifths of the check's time (thirty-fifth round).
+# fall back does so without computing the long ones, four fifths of the check's time (thirty-fifth round). A session
+# with nothing to fall back to (f32) embeds only these: what it can still find is an artifact that is not the one the
+# build checked on every text, and short texts find that (seventy-third round).
 SHORT_REFERENCE_TOKENS = 16
 # On a GPU a call's fixed cost is what padding is weighed against: MiniLM's TorchScript on an H200 took 2.2 ms for
 # one sentence and 8.1 ms for 32 padded to their longest (~7,300 tokens), ~0.8 µs a token, so a call costs as much
@@ -141,27 +143,29 @@ class FrameworkRunnerModel:
         cosine, checked = self._reference_cosine(inputs, expected, floor)
         while not cosine >= floor and getattr(self.session, "fallback", None):
             precision, described = self.session.fallback
-            texts = "" if checked == len(expected) else f"{checked} of "
             self._log("warn", f"{session_computes(self.session)} on this CPU: min cosine {cosine:.6f} < {floor} on "
-                              f"{texts}the build's {len(expected)} reference texts; running {described} instead")
+                              f"{_some_of(checked, len(expected))}the build's {len(expected)} reference texts; "
+                              f"running {described} instead")
             self.session = self.session.reopened(precision)
             cosine, checked = self._reference_cosine(inputs, expected, floor)
         computes = session_computes(self.session)
         if not cosine >= floor:
-            raise RuntimeError(f"{reference_path}: embeddings of its {len(expected)} reference texts reach min cosine "
-                               f"{cosine:.6f} < {floor} ({computes} on this CPU): {params['artifact']} is not the "
-                               f"artifact the build checked; rebuild the repository")
-        self._log("info", f"reference texts: min cosine {cosine:.6f} to the build's ({computes})")
+            raise RuntimeError(f"{reference_path}: embeddings of {_some_of(checked, len(expected))}its "
+                               f"{len(expected)} reference texts reach min cosine {cosine:.6f} < {floor} ({computes} "
+                               f"on this CPU): {params['artifact']} is not the artifact the build checked; rebuild "
+                               f"the repository")
+        self._log("info", f"{checked} of {len(expected)} reference texts: min cosine {cosine:.6f} to the build's "
+                          f"({computes})")
 
     def _reference_cosine(self, inputs: dict[str, np.ndarray], expected: np.ndarray, floor: float) -> tuple[float, int]:
         """(min cosine of this session's embeddings of the reference texts to `expected`, how many it embedded): the
-        short texts first, then the others unless the short ones are below `floor` and the session can fall back."""
+        short texts first, then the others only where the session can fall back and the short ones reach `floor`."""
         tokens = inputs[MASK].sum(1)
         cosine, checked = np.inf, 0
         for rows in np.flatnonzero(tokens <= SHORT_REFERENCE_TOKENS), np.flatnonzero(tokens > SHORT_REFERENCE_TOKENS):
             if not rows.size:
                 continue
-            if not cosine >= floor and getattr(self.session, "fallback", None):
+            if checked and not (cosine >= floor and getattr(self.session, "fallback", None)):
                 break
             texts = {name: value[rows, :tokens[rows].max()] for name, value in inputs.items()}
             cosine = float(np.minimum(cosine, self._min_cosine(texts, expected[rows])))  # NaN stays NaN
@@ -358,6 +362,11 @@ class FrameworkRunnerModel:
 def session_computes(session) -> str:
     """The precision a session's matrix products run in on this CPU (bf16, f32); f32 when it does not say."""
     return getattr(session, "computes", "f32")
+
+
+def _some_of(checked: int, total: int) -> str:
+    """"33 of " where a check embedded 33 of its 40 texts; nothing where it embedded them all."""
+    return "" if checked == total else f"{checked} of "
 
 
 def _right_padded(mask: np.ndarray) -> bool:
