@@ -13,20 +13,39 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.report import not_measured, row_value
 from benchmarks.run import Bench, BenchSettings
+from tritonpack.cli import Parser
+
+
+def positive(what: str) -> Callable[[str], int]:
+    """argparse type of a count that must be at least 1."""
+    def count(text: str) -> int:
+        if not text.strip().isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of {what}")
+        return int(text)
+    return count
+
+
+def concurrencies(text: str) -> tuple[int, ...]:
+    return tuple(positive("clients")(c) for c in text.split(","))
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=("full", "smoke"), default=os.environ.get("BENCH") or "full",
                    help="smoke: small corpus, one repetition, no peer installs (CI); default from $BENCH, else full")
-    p.add_argument("--repetitions", type=int, help="alternations per comparison (full: 3, smoke: 1)")
-    p.add_argument("--sentences", type=int, help="timed corpus size (full: 512, smoke: 48)")
-    p.add_argument("--concurrency", help="served sides' concurrencies, comma-separated (full: 1,4,8,16,32)")
+    full, smoke = BenchSettings.for_mode("full"), BenchSettings.for_mode("smoke")
+    p.add_argument("--repetitions", type=positive("repetitions"),
+                   help=f"alternations per comparison (full: {full.repetitions}, smoke: {smoke.repetitions})")
+    p.add_argument("--sentences", type=positive("sentences"),
+                   help=f"timed corpus size (full: {full.sentences}, smoke: {smoke.sentences})")
+    p.add_argument("--concurrency", type=concurrencies,
+                   help="served sides' concurrencies, comma-separated (full: "
+                        f"{','.join(map(str, full.concurrencies))}, smoke: {','.join(map(str, smoke.concurrencies))})")
     p.add_argument("--peers", choices=("all", "cached", "none"),
                    help="peers in their own venvs — all: make missing venvs (full) | cached: only venvs made "
                         "before | none (smoke)")
@@ -45,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = BenchSettings.for_mode(
         args.mode, repetitions=args.repetitions, sentences=args.sentences, peers=args.peers,
         out=Path(args.out), dist=Path(args.dist),
-        concurrencies=tuple(int(c) for c in args.concurrency.split(",")) if args.concurrency else None,
+        concurrencies=args.concurrency,
     )
     report = Bench(settings).run()
     for row in report["summary"]:

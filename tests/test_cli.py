@@ -284,8 +284,21 @@ def test_build_scripts_say_the_users_mistakes_in_one_line():
 
 
 def test_cli_bench_passes_what_follows_the_double_dash_to_the_benchmarks(capfd):
-    assert main(["bench", "--", "--help"]) == 0  # as its help says: tritonpack bench -- --mode smoke
+    assert main(["bench", "--", "--help"]) == 0
     assert capfd.readouterr().out.startswith("usage: python -m benchmarks")
+
+
+def test_cli_bench_passes_its_options_to_the_benchmarks_without_a_double_dash():
+    """`tritonpack bench --mode smoke`, as its help says; a mistake in them is the benchmarks' one line."""
+    result = run_cli("bench", "--concurrency", "8,x", "--mode", "smoke")
+    assert (result.returncode, result.stderr.splitlines()) == (2, [
+        "error: python -m benchmarks: argument --concurrency: 'x' is not a positive number of clients; "
+        "`python -m benchmarks --help` lists the options"])
+    assert run_cli("bench", "--mode", "smok").stderr.splitlines() == [
+        "error: python -m benchmarks: argument --mode: invalid choice: 'smok' (choose from 'full', 'smoke'); "
+        "did you mean 'smoke'? `python -m benchmarks --help` lists the options"]
+    assert run_cli("serve", "dist/bert-portable", "--mode", "smoke").stderr.splitlines() == [
+        "error: tritonpack: unrecognized arguments: --mode smoke; `tritonpack --help` lists the options"]
 
 
 def test_cli_keeps_the_traceback_when_the_failure_is_a_bug(monkeypatch):
@@ -294,7 +307,8 @@ def test_cli_keeps_the_traceback_when_the_failure_is_a_bug(monkeypatch):
     def broken(_args):
         raise KeyError("a bug, not the user's mistake")
 
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", lambda self, argv=None: argparse.Namespace(func=broken))
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args",
+                        lambda self, argv=None: (argparse.Namespace(func=broken), []))
     with pytest.raises(KeyError, match="a bug"):
         main(["build", "bert"])
 

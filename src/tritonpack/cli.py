@@ -350,7 +350,7 @@ def cmd_bench(args) -> int:
     if not (CARD_ROOT / "benchmarks" / "__main__.py").is_file():
         raise UserError("tritonpack bench runs the benchmarks of a repository checkout (benchmarks/ beside src/); "
                         "clone the repository and run `make bench` there")
-    options = args.options[1:] if args.options[:1] == ["--"] else args.options  # `tritonpack bench -- --mode smoke`
+    options = args.options[1:] if args.options[:1] == ["--"] else args.options  # `tritonpack bench -- --mode smoke` too
     return subprocess.call([sys.executable, "-m", "benchmarks", *options], cwd=CARD_ROOT)
 
 
@@ -435,8 +435,8 @@ def parser() -> argparse.ArgumentParser:
     i.set_defaults(func=cmd_infer)
 
     n = sub.add_parser("bench", help="served bert side by side with its peers, memory, cold start → dist/bench/",
-                       description="Runs `python -m benchmarks` of the checkout (what `make bench` runs); options "
-                                   "after -- go to it, e.g. tritonpack bench -- --mode smoke.")
+                       description="Runs `python -m benchmarks` of the checkout (what `make bench` runs); every "
+                                   "option after bench goes to it, e.g. tritonpack bench --mode smoke.")
     n.add_argument("options", nargs=argparse.REMAINDER, help="options of python -m benchmarks (--help lists them)")
     n.set_defaults(func=cmd_bench)
 
@@ -447,10 +447,22 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        return run_command(parser().parse_args(argv))
+        return run_command(parsed(sys.argv[1:] if argv is None else argv))
     except KeyboardInterrupt:  # Ctrl-C: whatever the command started has stopped on the way out
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def parsed(argv: list[str]) -> argparse.Namespace:
+    """The command line's arguments. `bench` hands every option after it to the benchmarks' own parser: argparse's
+    remainder would claim `--mode smoke` for tritonpack's parser, which has no such option."""
+    p = parser()
+    args, unknown = p.parse_known_args(argv)
+    if getattr(args, "func", None) is cmd_bench:
+        args.options = argv[argv.index("bench") + 1:]
+    elif unknown:
+        p.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 def run_command(args: argparse.Namespace) -> int:
