@@ -350,8 +350,7 @@ def cmd_bench(args) -> int:
     if not (CARD_ROOT / "benchmarks" / "__main__.py").is_file():
         raise UserError("tritonpack bench runs the benchmarks of a repository checkout (benchmarks/ beside src/); "
                         "clone the repository and run `make bench` there")
-    options = args.options[1:] if args.options[:1] == ["--"] else args.options  # `tritonpack bench -- --mode smoke` too
-    return subprocess.call([sys.executable, "-m", "benchmarks", *options], cwd=CARD_ROOT)
+    return subprocess.call([sys.executable, "-m", "benchmarks", *args.options], cwd=CARD_ROOT)
 
 
 def port_number(text: str) -> int:
@@ -454,12 +453,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parsed(argv: list[str]) -> argparse.Namespace:
-    """The command line's arguments. `bench` hands every option after it to the benchmarks' own parser: argparse's
-    remainder would claim `--mode smoke` for tritonpack's parser, which has no such option."""
+    """The command line's arguments. `bench` hands every option after it (after a `--`, if one follows it) to the
+    benchmarks' own parser: argparse's remainder would claim `--mode smoke` for tritonpack's parser, which has no
+    such option."""
     p = parser()
     args, unknown = p.parse_known_args(argv)
     if getattr(args, "func", None) is cmd_bench:
-        args.options = argv[argv.index("bench") + 1:]
+        options = argv[argv.index("bench") + 1:]
+        args.options = options[1:] if options[:1] == ["--"] else options
     elif unknown:
         p.error(f"unrecognized arguments: {' '.join(unknown)}")
     return args
