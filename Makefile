@@ -24,6 +24,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 BUILD_ARGS = $(NAME) $(if $(TARGET),--target $(TARGET))$(if $(IO_NAMES), --io-names $(IO_NAMES)) $(if $(MODEL),--model '$(MODEL)') $(if $(WEIGHTS),--weights '$(WEIGHTS)')$(if $(GRAPHDEF), --weights '$(GRAPHDEF)')$(if $(and $(WEIGHTS),$(GRAPHDEF)),$(error WEIGHTS and GRAPHDEF both name the weights: give one))$(if $(MODEL_FORMAT), --model-format $(MODEL_FORMAT))$(if $(NO_ENV), --no-env)$(if $(TRITON_CONTAINER), --container $(TRITON_CONTAINER))$(if $(PYTHON_VERSION), --env-python $(PYTHON_VERSION))
+MME_ARGS = --models dist --port $(MME_PORT) --max-models $(MAX_MODELS)$(if $(CONTAINER_PYTHON), --container-python $(CONTAINER_PYTHON))
 # The repository of NAME: for TARGET if given, else the target its last build chose (recorded by `tritonpack build`).
 CHOSEN = $(or $(TARGET),$(shell cat dist/.$(NAME).target 2>/dev/null),portable)
 REPO = dist/$(NAME)-$(CHOSEN)
@@ -60,9 +61,10 @@ check: $(STAMP) ## will dist/NAME-TARGET.tar.gz load on an MME? artifacts vs con
 	$(BIN)/tritonpack check $(REPO).tar.gz --deep $(if $(TRITON_CONTAINER),--container $(TRITON_CONTAINER))
 
 mme: $(STAMP) ## local SageMaker MME on MME_PORT (8080) serving dist/*.tar.gz from their environments, as the endpoint (CONTAINER_PYTHON=local: this interpreter's packages); builds NAME-TARGET first if missing
+	@$(BIN)/python -c 'import sys; from tritonpack.cli import parsed; parsed(sys.argv[1:])' mme $(MME_ARGS)  # before a build
 	@test -f $(REPO).tar.gz || $(BIN)/tritonpack build $(BUILD_ARGS)
 	@$(if $(filter portable,$(CHOSEN)),echo "invoke: $(BIN)/tritonpack infer --mme http://127.0.0.1:$(MME_PORT) --target-model $(notdir $(REPO)).tar.gz 'some text'",echo "note: $(notdir $(REPO)).tar.gz is a $(CHOSEN) build: the local MME cannot load it (its Triton has only the python backend); make build NAME=$(NAME) TARGET=portable builds one it serves")
-	$(BIN)/tritonpack mme --models dist --port $(MME_PORT) --max-models $(MAX_MODELS)$(if $(CONTAINER_PYTHON), --container-python $(CONTAINER_PYTHON))
+	$(BIN)/tritonpack mme $(MME_ARGS)
 
 mme-load: $(STAMP) ## local MME under locust load, faults injected on a schedule (~90 s) → dist/mme-load/report.md
 	$(BIN)/python -m tests.reliability.mme_load --out dist/mme-load

@@ -13,21 +13,11 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.report import not_measured, row_value
 from benchmarks.run import Bench, BenchSettings
-from tritonpack.cli import Parser
-
-
-def positive(what: str) -> Callable[[str], int]:
-    """argparse type of a count that must be at least 1."""
-    def count(text: str) -> int:
-        if not text.strip().isdigit() or int(text) < 1:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of {what}")
-        return int(text)
-    return count
+from tritonpack.cli import Parser, positive
 
 
 def concurrencies(text: str) -> tuple[int, ...]:

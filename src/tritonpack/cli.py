@@ -360,6 +360,15 @@ def port_number(text: str) -> int:
     return int(text)
 
 
+def positive(what: str) -> Callable[[str], int]:
+    """argparse type of a count that must be at least 1."""
+    def count(text: str) -> int:
+        if not text.strip().isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of {what}")
+        return int(text)
+    return count
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's parser, saying a mistake on the command line in one line: what was wrong, the closest choice where
     a name was mistyped, and where the options are listed (argparse prints its whole usage block first)."""

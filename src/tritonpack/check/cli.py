@@ -25,9 +25,6 @@ def cmd_check(args) -> int:
             raise UserError(f"{args.path} holds {len(built)} built repositories and tarballs, not one repository; "
                             f"check one: `tritonpack check {built[0]}`")
     given = {"max_members": args.max_members, "max_total_bytes": args.max_total_bytes}
-    for field, value in given.items():
-        if value is not None and value < 1:
-            raise UserError(f"--{field.replace('_', '-')} must be at least 1, got {value}")
     limits = ArchiveLimits(**{field: value for field, value in given.items() if value is not None})
     if args.local:  # the bundled Triton: its stub runs this interpreter, whose packages the models may use
         from tritonpack.server import PYTHON_VERSION, local_server_python
@@ -52,6 +49,8 @@ def cmd_check(args) -> int:
 
 
 def add_command(subparsers) -> None:
+    from tritonpack.cli import positive
+
     c = subparsers.add_parser("check", help="will this repository folder or MME tarball load? (exit 0 if so)",
                               description="Checks configs, artifacts, ensemble wiring, packed environments and "
                                           "archive safety without extracting; one line per problem: "
@@ -70,8 +69,9 @@ def add_command(subparsers) -> None:
                         help="for the local Triton: a folder as `tritonpack serve` runs it (its stub runs this "
                              "interpreter, whose packages the python models may import without a packed "
                              "environment), a tarball as the local MME loads it")
-    c.add_argument("--max-members", type=int, help=f"archive entry limit (default {ArchiveLimits.max_members})")
-    c.add_argument("--max-total-bytes", type=int,
+    c.add_argument("--max-members", type=positive("archive entries"),
+                   help=f"archive entry limit (default {ArchiveLimits.max_members})")
+    c.add_argument("--max-total-bytes", type=positive("bytes"),
                    help=f"archive unpacked size limit (default {ArchiveLimits.max_total_bytes})")
     c.set_defaults(func=cmd_check)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import re
 import sys
 from pathlib import Path
@@ -46,17 +47,23 @@ def container_python_option(text: str) -> str:
     return text
 
 
+def seconds(text: str) -> float:
+    """argparse type of a duration: 0 or more seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
+    return value
+
+
 def cmd_mme(args) -> int:
     from tritonpack.cli import stopped_by_signals, wait_for_stop
     from tritonpack.mme.local import LocalMME
     from tritonpack.server import PYTHON_VERSION
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    if args.max_models < 1 or args.max_payload_bytes < 1:
-        raise UserError(f"--max-models and --max-payload-bytes must be at least 1, got {args.max_models} and "
-                        f"{args.max_payload_bytes}")
-    if args.drain_seconds < 0:
-        raise UserError(f"--drain-seconds cannot be negative, got {args.drain_seconds:g}")
     try:
         mme = LocalMME(args.models, port=args.port, host=args.host, max_models=args.max_models,
                        cache_dir=Path(args.cache_dir) if args.cache_dir else None,
@@ -93,7 +100,7 @@ def cmd_mme(args) -> int:
 
 
 def add_command(subparsers) -> None:
-    from tritonpack.cli import port_number
+    from tritonpack.cli import port_number, positive
 
     p = subparsers.add_parser("mme", help="serve MME tarballs locally, as a SageMaker multi-model endpoint would",
                               description="A local SageMaker multi-model endpoint: InvokeEndpoint on --port in "
@@ -101,16 +108,16 @@ def add_command(subparsers) -> None:
     p.add_argument("--models", required=True, help="folder of tarballs, or s3://bucket/prefix")
     p.add_argument("--port", type=port_number, default=8080, help="gateway port (default 8080; 0: a free one)")
     p.add_argument("--host", default="127.0.0.1", help="gateway address (default 127.0.0.1)")
-    p.add_argument("--max-models", type=int, default=8, help="models loaded at once; least recently used are "
-                                                             "unloaded beyond it (default 8)")
+    p.add_argument("--max-models", type=positive("models"), default=8,
+                   help="models loaded at once; least recently used are unloaded beyond it (default 8)")
     p.add_argument("--cache-dir", help="where tarballs are extracted (default ~/.cache/tritonpack/mme)")
     p.add_argument("--cache-bytes", default="20G", help="disk cache bound; extracted folders of unloaded "
                                                         "models are removed beyond it (default 20G)")
     p.add_argument("--s3-endpoint-url", type=endpoint_url,
                    help="S3 endpoint for s3:// models (an S3-compatible store, moto)")
-    p.add_argument("--max-payload-bytes", type=int, default=MAX_PAYLOAD_BYTES,
+    p.add_argument("--max-payload-bytes", type=positive("bytes"), default=MAX_PAYLOAD_BYTES,
                    help=f"largest request body (default {MAX_PAYLOAD_BYTES}, SageMaker's limit)")
-    p.add_argument("--drain-seconds", type=float, default=30.0,
+    p.add_argument("--drain-seconds", type=seconds, default=30.0,
                    help="on SIGTERM/Ctrl-C, how long calls in flight may finish before they are answered 503 "
                         "(default 30)")
     p.add_argument("--env", action="append", metavar="KEY=VALUE",
