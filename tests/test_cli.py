@@ -372,12 +372,19 @@ def test_docker_command_extracts_into_a_fresh_folder_when_an_earlier_build_was_e
     assert [p.name for p in (tmp_path / "bert-cpu.triton").iterdir()] == ["bert_tokenizer_new"]
 
 
+def stamp_prerequisites(folder: Path) -> None:
+    """The files the Makefile's .venv stamp depends on, dated 1970: older than any stamp, so a .venv that has one is
+    not installed again (`-n` only prints the install anyway)."""
+    for prerequisite in ("requirements.txt", "pyproject.toml"):
+        (folder / prerequisite).touch()
+        os.utime(folder / prerequisite, (0, 0))
+
+
 @pytest.mark.parametrize(("recorded", "given", "expected"), [("gpu", "", "zzz-gpu"), ("gpu", "cpu", "zzz-cpu"),
                                                              (None, "", "zzz-portable")])
 def test_makefile_serves_the_repository_the_last_build_chose_when_no_target_is_given(tmp_path, recorded, given,
                                                                                      expected):
-    for prerequisite in ("requirements.txt", "pyproject.toml"):  # of the .venv stamp, which -n only prints
-        (tmp_path / prerequisite).touch()
+    stamp_prerequisites(tmp_path)
     if recorded:
         (tmp_path / "dist").mkdir()
         (tmp_path / "dist" / ".zzz.target").write_text(recorded + "\n")
@@ -395,8 +402,7 @@ def test_makefile_serves_the_repository_the_last_build_chose_when_no_target_is_g
     ("cpu", "note: bert-cpu.tar.gz is a cpu build: the local MME cannot load it (its Triton has only the python "
             "backend); make build NAME=bert TARGET=portable builds one it serves")])
 def test_make_mme_names_how_to_invoke_the_tarball_or_why_the_local_mme_cannot_load_it(tmp_path, recorded, said):
-    for prerequisite in ("requirements.txt", "pyproject.toml"):
-        (tmp_path / prerequisite).touch()
+    stamp_prerequisites(tmp_path)
     (tmp_path / "dist").mkdir()
     (tmp_path / "dist" / ".bert.target").write_text(recorded + "\n")
     result = subprocess.run(["make", "-n", "-f", str(MAKEFILE), "mme"], cwd=tmp_path, capture_output=True, text=True,
@@ -412,10 +418,8 @@ def test_make_mme_names_how_to_invoke_the_tarball_or_why_the_local_mme_cannot_lo
                               "3.13")])
 def test_make_mme_refuses_a_malformed_option_before_it_builds_the_missing_tarball(tmp_path, variable, said):
     """It built the tarball (minutes) and only then said that the port was no number."""
-    (tmp_path / ".venv").symlink_to(sys.prefix)  # this .venv, installed: its stamp is newer than these
-    for prerequisite in ("requirements.txt", "pyproject.toml"):
-        (tmp_path / prerequisite).touch()
-        os.utime(tmp_path / prerequisite, (0, 0))
+    (tmp_path / ".venv").symlink_to(sys.prefix)  # this .venv, installed
+    stamp_prerequisites(tmp_path)
     result = subprocess.run(["make", "-f", str(MAKEFILE), "mme", variable], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 2
@@ -427,8 +431,7 @@ def test_make_mme_refuses_a_malformed_option_before_it_builds_the_missing_tarbal
 def test_make_says_in_one_line_which_python_venv_needs_and_creates_nothing(tmp_path, interpreter):
     """A fresh machine without Python 3.11 (Ubuntu 24.04 has 3.12): `make ensemble` names the version, why, and the
     command that fixes it, instead of `python3.11: command not found`, and leaves no half-made .venv behind."""
-    for prerequisite in ("requirements.txt", "pyproject.toml"):
-        (tmp_path / prerequisite).touch()
+    stamp_prerequisites(tmp_path)
     python = tmp_path / "python3.9"
     if interpreter == "another version":  # answers the version probe as any Python but 3.11 does
         python.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import sys; sys.exit(1)'\n")
